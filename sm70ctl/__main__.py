@@ -1,0 +1,3 @@
+from sm70ctl.cli import main
+
+main()

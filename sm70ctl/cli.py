@@ -1,0 +1,72 @@
+"""The command-line entry point: every command group is wired here, and only here.
+
+Command modules are imported at start-up, so they must stay light: torch, vLLM and
+huggingface_hub are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from sm70ctl import __version__
+from sm70ctl.errors import EXIT_USAGE, Sm70Error
+
+app = typer.Typer(
+    name="sm70ctl",
+    help=(
+        "Build, plan and serve Qwen3.8-27B through vLLM on two NVIDIA V100 (sm_70) GPUs.\n\n"
+        "Start with `sm70ctl doctor` (can this machine run the stack?) and `sm70ctl plan` "
+        "(what fits in GPU memory)."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"sm70ctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        Optional[bool],  # noqa: UP045 - Typer 0.25 needs Optional on Python 3.10
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = None,
+) -> None:
+    """sm70ctl: the Volta serving stack."""
+
+
+def _wire() -> None:
+    # One line per command module; each module's `register(app)` adds its commands.
+    from sm70ctl.doctor import command as doctor_cmd
+
+    doctor_cmd.register(app)
+
+
+_wire()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; expected failures become one line on stderr and an exit code."""
+    from sm70ctl.output import Output
+
+    try:
+        app(args=argv, standalone_mode=True)
+    except Sm70Error as exc:
+        Output().error(exc.message, exc.hint)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        Output().error("interrupted")
+        sys.exit(130)
+
+
+__all__ = ["EXIT_USAGE", "app", "main"]

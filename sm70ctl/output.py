@@ -1,0 +1,102 @@
+"""The one rendering layer: rich tables for people, JSON for machines.
+
+Commands build plain data (dicts, lists, dataclasses turned into dicts) and hand it here
+with a function that draws it for people. With `--json` only the data is printed, to
+stdout, as one JSON document; diagnostics always go to stderr so that stdout stays
+machine-readable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+# Status words used by every command that reports checks, and their colours.
+STATUS_STYLE = {
+    "pass": "green",
+    "ok": "green",
+    "warn": "yellow",
+    "fail": "bold red",
+    "skip": "dim",
+    "info": "cyan",
+}
+
+
+def _console(stderr: bool) -> Console:
+    # Deterministic output when not on a terminal (tests, pipes, CI logs): no colour
+    # codes, a fixed width wide enough for our tables.
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "160"))
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+
+
+class Output:
+    """Renders a command's result either as rich text or as JSON."""
+
+    def __init__(self, json_mode: bool = False) -> None:
+        self.json_mode = json_mode
+        self.out = _console(stderr=False)
+        self.err = _console(stderr=True)
+
+    # --- results -------------------------------------------------------------------
+    def emit(self, data: Any, render: Callable[[Console], None] | None = None) -> None:
+        """Print `data` as JSON in JSON mode, else call `render` (or pretty-print)."""
+        if self.json_mode:
+            sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+            sys.stdout.flush()
+        elif render is not None:
+            render(self.out)
+        else:
+            self.out.print_json(data=data, default=str)
+
+    # --- diagnostics (stderr) ----------------------------------------------------------
+    def info(self, msg: str) -> None:
+        self.err.print(msg, markup=False)
+
+    def success(self, msg: str) -> None:
+        self.err.print(f"[green]{escape(msg)}[/green]")
+
+    def warn(self, msg: str) -> None:
+        self.err.print(f"[yellow]warning:[/yellow] {escape(msg)}")
+
+    def error(self, msg: str, hint: str | None = None) -> None:
+        self.err.print(f"[bold red]error:[/bold red] {escape(msg)}")
+        if hint:
+            self.err.print(f"  [dim]fix:[/dim] {escape(hint)}")
+
+
+def escape(text: str) -> str:
+    """Make arbitrary text safe to embed in rich markup."""
+    from rich.markup import escape as _escape
+
+    return _escape(str(text))
+
+
+def status_cell(status: str) -> str:
+    style = STATUS_STYLE.get(status, "")
+    return f"[{style}]{status}[/{style}]" if style else status
+
+
+def make_table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    status_column: int | None = None,
+) -> Table:
+    """A plain rich table; cells are escaped, except the status column which is coloured."""
+    table = Table(title=title, show_lines=False, header_style="bold")
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        cells = []
+        for i, cell in enumerate(row):
+            text = "" if cell is None else str(cell)
+            cells.append(status_cell(text) if i == status_column else escape(text))
+        table.add_row(*cells)
+    return table
