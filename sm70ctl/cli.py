@@ -48,7 +48,20 @@ def _root(
 def _wire() -> None:
     # One line per command module; each module's `register(app)` adds its commands.
     # Each helper/feature adds exactly one import + register line here.
-    pass
+    from sm70ctl.doctor import command as doctor_cmd
+    doctor_cmd.register(app)
+    from sm70ctl.weights import command as weights_cmd
+    weights_cmd.register(app)
+    from sm70ctl.plan import command as plan_cmd
+    plan_cmd.register(app)
+    from sm70ctl.settings import command as env_cmd
+    env_cmd.register(app)
+    from sm70ctl.build import command as build_cmd
+    build_cmd.register(app)
+    from sm70ctl.serve import command as serve_cmd
+    serve_cmd.register(app)
+    from sm70ctl.warmup import command as warmup_cmd
+    warmup_cmd.register(app)
 
 
 _wire()

@@ -1,0 +1,241 @@
+"""Benchmark the decode-path kernels (torch.ops.sm70.*) on the GPU at hand.
+
+    TORCH_CUDA_ARCH_LIST=9.0 python bench/bench_decode_kernels.py --out bench.json
+
+Prints a table and writes JSON. Every figure is measured in this run on this GPU:
+  * copy_gbps: a device-to-device copy of a 2 GiB buffer (bytes read + written / time);
+    the ceilings below are fractions of it.
+  * GEMV (M = 1 and 4) for each per-GPU shape of Qwen3.8-27B at TP=2 and the int8 lm_head:
+    achieved bandwidth (weights + scales + activations moved once) as a fraction of the copy,
+    and the speed-up over torch.nn.functional.linear in fp16 on the same shape.
+  * paged decode attention at 4K, 64K and 262K tokens (1 and 4 query rows): bytes of K, V
+    and scales read over time, as a fraction of the copy.
+L2 (50-60 MB on an H200) would flatter operands that fit: every timed call reads a
+different copy of its weights / KV blocks, rotating through at least 512 MiB of copies,
+and calls are replayed from a CUDA graph so launch gaps do not count.
+The V100 columns are projected, not measured: bytes / 898 GB/s (the roofline floor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sm70ctl.kernels import reference as ref
+from sm70ctl.kernels.loader import load_extension
+
+V100_GBPS = 898.0
+ROTATE_BYTES = 512 * 2**20
+TP = 2
+H = 5120
+GEMV_SHAPES = [
+    ("qkv_proj", 14336 // TP, H),
+    ("o_proj", H, 6144 // TP),
+    ("gdn_in_proj_qkvz", (10240 + 6144) // TP, H),
+    ("gdn_in_proj_ba", 96 // TP, H),
+    ("gdn_out_proj", H, 6144 // TP),
+    ("gate_up_proj", 2 * 17408 // TP, H),
+    ("down_proj", H, 17408 // TP),
+    ("mtp_fc", H, 2 * H),
+    ("lm_head_int8", 248320 // TP, H),
+]
+LARGE = {"qkv_proj", "gdn_in_proj_qkvz", "gate_up_proj", "down_proj", "mtp_fc", "lm_head_int8"}
+
+
+def time_graph(calls, reps: int = 7) -> float:
+    """Median seconds per call of a list of closures, replayed from one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for c in calls[:3]:
+            c()  # warm-up outside the graph (allocator, lazy init)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / len(calls))
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    n = 2 * 2**30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    t = time_graph([lambda: dst.copy_(src)] * 5)
+    return 2 * n / t / 1e9
+
+
+def copies_for(nbytes: int) -> int:
+    return max(2, min(64, math.ceil(ROTATE_BYTES / max(1, nbytes))))
+
+
+def bench_gemv(name: str, n: int, k: int, m: int, copy_gbps: float) -> dict:
+    g = k if name == "lm_head_int8" else 128
+    wbytes = n * k + n * (k // g) * 4
+    ncopy = copies_for(wbytes)
+    qws = [torch.randint(0, 256, (n, k), dtype=torch.uint8, device="cuda") for _ in range(ncopy)]
+    sz = torch.empty(n, k // g, 2, dtype=torch.float16, device="cuda")
+    sz[..., 0].uniform_(1e-4, 2e-3)
+    sz[..., 1].fill_(128)
+    szs = [sz.clone() for _ in range(ncopy)]
+    x = torch.randn(m, k, device="cuda").half()
+    calls = [
+        (lambda i=i: torch.ops.sm70.gptq_gemv(x, qws[i % ncopy], szs[i % ncopy], g, None))
+        for i in range(max(ncopy, 16))
+    ]
+    t = time_graph(calls)
+    moved = wbytes + m * k * 2 + m * n * 2
+    fbytes = n * k * 2
+    fcopy = copies_for(fbytes)
+    ws = [torch.randn(n, k, device="cuda").half() for _ in range(fcopy)]
+    fcalls = [(lambda i=i: F.linear(x, ws[i % fcopy])) for i in range(max(fcopy, 16))]
+    tf = time_graph(fcalls)
+    gbps = moved / t / 1e9
+    return {
+        "kernel": "gptq_gemv",
+        "shape": name,
+        "m": m,
+        "n": n,
+        "k": k,
+        "group_size": g,
+        "us": t * 1e6,
+        "bytes": moved,
+        "gbps": gbps,
+        "frac_of_copy": gbps / copy_gbps,
+        "fp16_linear_us": tf * 1e6,
+        "speedup_vs_fp16_linear": tf / t,
+        "rotating_copies": ncopy,
+        "v100_floor_us_projected": moved / (V100_GBPS * 1e9) * 1e6,
+    }
+
+
+def bench_decode(ctx: int, qn: int, copy_gbps: float, sms: int, block_size: int = 16) -> dict:
+    hkv = 2
+    nblk = math.ceil(ctx / block_size)
+    per_copy = nblk * hkv * block_size * (256 + 4) * 2
+    ncopy = copies_for(per_copy)
+    total = nblk * ncopy
+    k_cache = torch.randint(-127, 128, (total, hkv, block_size, 256), dtype=torch.int8,
+                            device="cuda")
+    v_cache = torch.randint(-127, 128, (total, hkv, block_size, 256), dtype=torch.int8,
+                            device="cuda")
+    k_scale = torch.rand(total, hkv, block_size, device="cuda") * 0.02 + 1e-3
+    v_scale = torch.rand(total, hkv, block_size, device="cuda") * 0.02 + 1e-3
+    perm = torch.randperm(total, device="cuda").int()  # scattered blocks, as in serving
+    tables = [perm[i * nblk : (i + 1) * nblk][None].contiguous() for i in range(ncopy)]
+    seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+    q = torch.randn(qn, 12, 256, device="cuda").half()
+    splits = ref.decode_num_splits(ctx, 1, hkv, sms, max_splits=256)
+    calls = [
+        (lambda i=i: torch.ops.sm70.paged_decode(
+            q, k_cache, v_cache, k_scale, v_scale, tables[i % ncopy], seq, qn, 0.0625, splits))
+        for i in range(max(ncopy, 8))
+    ]
+    t = time_graph(calls)
+    moved = ctx * hkv * 2 * (256 + 4)
+    gbps = moved / t / 1e9
+    return {
+        "kernel": "paged_decode",
+        "context": ctx,
+        "q_rows": qn,
+        "splits": splits,
+        "us": t * 1e6,
+        "bytes": moved,
+        "gbps": gbps,
+        "frac_of_copy": gbps / copy_gbps,
+        "rotating_copies": ncopy,
+        "v100_floor_us_projected": moved / (V100_GBPS * 1e9) * 1e6,
+    }
+
+
+def render(result: dict) -> str:
+    lines = [
+        f"device: {result['device']}   copy: {result['copy_gbps']:.0f} GB/s (measured, "
+        "read+write)   V100 columns: projected at 898 GB/s",
+        f"{'kernel':<13}{'case':<24}{'us':>9}{'GB/s':>8}{'%copy':>7}{'fp16 us':>9}"
+        f"{'x fp16':>8}{'V100 us*':>10}",
+    ]
+    for r in result["gemv"]:
+        lines.append(
+            f"{'gemv':<13}{r['shape'] + ' M=' + str(r['m']):<24}{r['us']:>9.1f}{r['gbps']:>8.0f}"
+            f"{100 * r['frac_of_copy']:>6.0f}%{r['fp16_linear_us']:>9.1f}"
+            f"{r['speedup_vs_fp16_linear']:>8.2f}{r['v100_floor_us_projected']:>10.1f}"
+        )
+    for r in result["decode"]:
+        case = f"ctx={r['context']} q={r['q_rows']} s={r['splits']}"
+        lines.append(
+            f"{'attention':<13}{case:<24}{r['us']:>9.1f}{r['gbps']:>8.0f}"
+            f"{100 * r['frac_of_copy']:>6.0f}%{'':>9}{'':>8}{r['v100_floor_us_projected']:>10.1f}"
+        )
+    lines.append("* projected floor: bytes / 898 GB/s, not measured")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, help="write the JSON here")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes (smoke run)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: nothing to benchmark", file=sys.stderr)
+        return 1
+    load_extension()
+    props = torch.cuda.get_device_properties(0)
+    copy = copy_bandwidth()
+    shapes = GEMV_SHAPES[:2] if args.quick else GEMV_SHAPES
+    gemv = [bench_gemv(nm, n, k, m, copy) for nm, n, k in shapes for m in (1, 4)]
+    decode = [
+        bench_decode(ctx, qn, copy, props.multi_processor_count)
+        for ctx in (4096, 65536, 262144)
+        for qn in (1, 4)
+    ]
+    large_m1 = [r for r in gemv if r["m"] == 1 and r["shape"] in LARGE]
+    long_ctx = [r for r in decode if r["context"] >= 65536]
+    result = {
+        "device": props.name,
+        "sm_count": props.multi_processor_count,
+        "torch": torch.__version__,
+        "copy_gbps": copy,
+        "l2_handling": "rotating weight/KV copies >= 512 MiB per case; CUDA-graph replay",
+        "gemv": gemv,
+        "decode": decode,
+        "targets": {
+            "gemv_m1_large_min_frac_of_copy": min(r["frac_of_copy"] for r in large_m1),
+            "gemv_m1_large_min_speedup_vs_fp16": min(
+                r["speedup_vs_fp16_linear"] for r in large_m1
+            ),
+            "decode_64k_up_min_frac_of_copy": min(r["frac_of_copy"] for r in long_ctx),
+        },
+    }
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.write_text(text)
+    else:
+        print(text)
+    print(render(result))
+    print("targets:", json.dumps(result["targets"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

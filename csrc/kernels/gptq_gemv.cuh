@@ -1,0 +1,171 @@
+// GPTQ-int8 GEMV / small GEMM for decode and MTP verification (M = 1..8 rows).
+//
+// Weight layout (made at load time by sm70ctl.kernels.reference.repack_gptq_int8):
+//   qw [N, K] uint8  the GPTQ codes (0..255), output-major so one output row's K codes are
+//                    contiguous: a warp streams 512 B per step with 16-byte loads.
+//   sz [N, K/G] half2 (scale, zero) per output row and group of G input channels;
+//                    w[k, n] = scale * (q - zero). The int8 lm_head uses the same layout with
+//                    G = K and zero = 128 (symmetric codes stored as q + 128).
+// y[m, n] = sum_k x[m, k] * w[k, n] (+ bias[n]), fp16 in and out, fp32 accumulation.
+//
+// Each block owns R output rows and its 4 warps split K between them (warp w takes chunk
+// steps w, w+4, ...), which keeps many short, independent streams of 16-byte loads in
+// flight even for N = 3-8K rows; a shared-memory sum joins the 4 partial results. Each lane
+// takes 16-byte chunks (16 codes, all inside one group since G % 16 == 0), U per row in
+// flight. Codes become exact floats with a prmt "magic number" (no int->float conversion),
+// so the inner loop is one prmt, one add and M fused multiply-adds per weight byte. The x
+// chunk is read once per lane and reused for the R rows.
+#pragma once
+
+#include "sm70_common.cuh"
+
+namespace sm70 {
+
+constexpr int kGemvWarps = 4;  // warps per block (128 threads)
+constexpr int kGemvUnroll = 2;  // chunks per row in flight per lane
+
+template <int M>
+struct GemvRows {
+  // rows per block: more rows amortise the x reads; fewer keep registers down at large M
+  static constexpr int value = M <= 4 ? 4 : 2;
+};
+
+template <int M, int R>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gptq_gemv_kernel(const __half* __restrict__ x,     // [M, K]
+                     const uint8_t* __restrict__ qw,   // [N, K]
+                     const __half2* __restrict__ sz,   // [N, K / G]
+                     const __half* __restrict__ bias,  // [N] or nullptr
+                     __half* __restrict__ y,           // [M, N]
+                     int N, int K, int group_size) {
+  constexpr int U = kGemvUnroll;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;  // K slice
+  const int n0 = blockIdx.x * R;
+  __shared__ float red[kGemvWarps][R * M];
+  const int nchunks = K >> 4;
+  const int ngroups = K / group_size;
+
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+
+  // rows past N re-read row N-1 (never written back): keeps the loop free of branches
+  int nrow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) nrow[r] = min(n0 + r, N - 1);
+
+  for (int c0 = 0; c0 < nchunks; c0 += 32 * kGemvWarps * U) {
+    uint4 w[U][R];
+    __half2 s[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + (u * kGemvWarps + warp) * 32 + lane;
+      const bool ok = c < nchunks;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (ok) {
+          w[u][r] = __ldg(reinterpret_cast<const uint4*>(qw + (size_t)nrow[r] * K) + c);
+          s[u][r] = __ldg(sz + (size_t)nrow[r] * ngroups + (c * 16) / group_size);
+        } else {
+          w[u][r] = make_uint4(0u, 0u, 0u, 0u);
+          s[u][r] = __floats2half2_rn(0.f, 0.f);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + (u * kGemvWarps + warp) * 32 + lane;
+      if (c >= nchunks) continue;
+      float p[R][M];
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int m = 0; m < M; ++m) p[r][m] = 0.f;
+      float zf[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) zf[r] = 8388608.f + __high2float(s[u][r]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // two halves of 8 codes keep x in 8*M registers
+        float xf[M][8];
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + (size_t)m * K) + 2 * c + h);
+          const __half2* xh = reinterpret_cast<const __half2*>(&xv);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 f = __half22float2(xh[j]);
+            xf[m][2 * j] = f.x;
+            xf[m][2 * j + 1] = f.y;
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const uint32_t wa = h ? w[u][r].z : w[u][r].x;
+          const uint32_t wb = h ? w[u][r].w : w[u][r].y;
+          float wf[8];
+          wf[0] = u8_magic<0>(wa) - zf[r];
+          wf[1] = u8_magic<1>(wa) - zf[r];
+          wf[2] = u8_magic<2>(wa) - zf[r];
+          wf[3] = u8_magic<3>(wa) - zf[r];
+          wf[4] = u8_magic<0>(wb) - zf[r];
+          wf[5] = u8_magic<1>(wb) - zf[r];
+          wf[6] = u8_magic<2>(wb) - zf[r];
+          wf[7] = u8_magic<3>(wb) - zf[r];
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int m = 0; m < M; ++m) p[r][m] = fmaf(xf[m][j], wf[j], p[r][m]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float sc = __low2float(s[u][r]);
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[r][m] = fmaf(sc, p[r][m], acc[r][m]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float v = warp_sum(acc[r][m]);
+      if (lane == 0) red[warp][r * M + m] = v;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < R * M; i += kGemvWarps * 32) {
+    const int r = i / M, m = i % M;
+    const int n = n0 + r;
+    if (n < N) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kGemvWarps; ++w) v += red[w][i];
+      if (bias != nullptr) v += __half2float(bias[n]);
+      y[(size_t)m * N + n] = __float2half_rn(v);
+    }
+  }
+}
+
+#ifndef __CUDACC_RTC__
+// Host-side launch helpers (nvcc only). Requirements checked by the caller:
+// K % 16 == 0, group_size % 16 == 0, K % group_size == 0, 16-byte aligned x and qw.
+inline int gptq_gemv_blocks(int N, int rows_per_block) {
+  return (N + rows_per_block - 1) / rows_per_block;
+}
+
+template <int M>
+inline void launch_gptq_gemv(const __half* x, const uint8_t* qw, const __half2* sz,
+                             const __half* bias, __half* y, int N, int K, int group_size,
+                             cudaStream_t stream) {
+  constexpr int R = GemvRows<M>::value;
+  gptq_gemv_kernel<M, R><<<gptq_gemv_blocks(N, R), kGemvWarps * 32, 0, stream>>>(
+      x, qw, sz, bias, y, N, K, group_size);
+}
+#endif
+
+}  // namespace sm70

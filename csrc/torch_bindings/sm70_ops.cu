@@ -1,0 +1,295 @@
+// torch bindings for the sm_70 kernels: registers torch.ops.sm70.*.
+// The kernels live in csrc/kernels/*.cuh (pure CUDA, NVRTC-compatible); this file only
+// checks arguments, allocates outputs and launches on the current stream.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <initializer_list>
+#include <optional>
+
+#include "gptq_gemv.cuh"
+#include "int8_gemm_lowrank.cuh"
+#include "kv_int8.cuh"
+#include "paged_decode.cuh"
+
+namespace {
+
+using at::Tensor;
+
+#define SM70_CHECK_CUDA(t) TORCH_CHECK((t).is_cuda(), #t " must be a CUDA tensor")
+#define SM70_CHECK_CONTIG(t) TORCH_CHECK((t).is_contiguous(), #t " must be contiguous")
+#define SM70_CHECK_DTYPE(t, d) \
+  TORCH_CHECK((t).scalar_type() == (d), #t " must be ", (d), ", got ", (t).scalar_type())
+
+inline void check_aligned16(const Tensor& t, const char* name) {
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+              " must be 16-byte aligned");
+}
+
+inline const __half* hptr(const Tensor& t) {
+  return reinterpret_cast<const __half*>(t.data_ptr<at::Half>());
+}
+inline __half* hptr_mut(Tensor& t) { return reinterpret_cast<__half*>(t.data_ptr<at::Half>()); }
+
+void check_packed_weight(const Tensor& qw, const Tensor& sz, int64_t K, int64_t group_size) {
+  SM70_CHECK_CUDA(qw);
+  SM70_CHECK_CUDA(sz);
+  SM70_CHECK_CONTIG(qw);
+  SM70_CHECK_CONTIG(sz);
+  SM70_CHECK_DTYPE(qw, at::kByte);
+  SM70_CHECK_DTYPE(sz, at::kHalf);
+  TORCH_CHECK(qw.dim() == 2 && qw.size(1) == K, "qw must be [N, K] with K = ", K);
+  TORCH_CHECK(group_size > 0 && group_size % 16 == 0 && K % group_size == 0,
+              "group_size must be a multiple of 16 dividing K (K=", K, ", group_size=",
+              group_size, ")");
+  TORCH_CHECK(sz.dim() == 3 && sz.size(0) == qw.size(0) && sz.size(1) == K / group_size &&
+                  sz.size(2) == 2,
+              "sz must be [N, K / group_size, 2] (scale, zero)");
+}
+
+Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t group_size,
+                 const std::optional<Tensor>& bias) {
+  SM70_CHECK_CUDA(x);
+  SM70_CHECK_CONTIG(x);
+  SM70_CHECK_DTYPE(x, at::kHalf);
+  TORCH_CHECK(x.dim() == 2, "x must be [M, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = qw.size(0);
+  TORCH_CHECK(M >= 1 && M <= 8, "gptq_gemv takes 1 to 8 rows, got ", M);
+  TORCH_CHECK(K % 16 == 0, "K must be a multiple of 16, got ", K);
+  check_packed_weight(qw, sz, K, group_size);
+  check_aligned16(x, "x");
+  check_aligned16(qw, "qw");
+  const __half* bp = nullptr;
+  if (bias.has_value()) {
+    SM70_CHECK_DTYPE(*bias, at::kHalf);
+    SM70_CHECK_CONTIG(*bias);
+    TORCH_CHECK(bias->numel() == N, "bias must have N = ", N, " elements");
+    bp = hptr(*bias);
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  Tensor y = at::empty({M, N}, x.options());
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const auto* q = qw.data_ptr<uint8_t>();
+  const auto* s = reinterpret_cast<const __half2*>(sz.data_ptr<at::Half>());
+  const int n = (int)N, k = (int)K, g = (int)group_size;
+  switch (M) {
+    case 1: sm70::launch_gptq_gemv<1>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
+    case 2: sm70::launch_gptq_gemv<2>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
+    case 3: sm70::launch_gptq_gemv<3>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
+    case 4: sm70::launch_gptq_gemv<4>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
+    case 5: sm70::launch_gptq_gemv<5>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
+    case 6: sm70::launch_gptq_gemv<6>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
+    case 7: sm70::launch_gptq_gemv<7>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
+    default: sm70::launch_gptq_gemv<8>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return y;
+}
+
+void kv_int8_write(const Tensor& key, const Tensor& value, Tensor& k_cache, Tensor& v_cache,
+                   Tensor& k_scale, Tensor& v_scale, const Tensor& slot_mapping) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&key, &value, &k_cache, &v_cache, &k_scale, &v_scale, &slot_mapping})
+    SM70_CHECK_CUDA(*t);
+  SM70_CHECK_DTYPE(key, at::kHalf);
+  SM70_CHECK_DTYPE(value, at::kHalf);
+  SM70_CHECK_DTYPE(k_cache, at::kChar);
+  SM70_CHECK_DTYPE(v_cache, at::kChar);
+  SM70_CHECK_DTYPE(k_scale, at::kFloat);
+  SM70_CHECK_DTYPE(v_scale, at::kFloat);
+  SM70_CHECK_DTYPE(slot_mapping, at::kLong);
+  TORCH_CHECK(key.dim() == 3 && value.sizes() == key.sizes(), "key/value must be [T, H, D]");
+  TORCH_CHECK(key.size(2) == 256, "head_dim must be 256");
+  TORCH_CHECK(key.stride(2) == 1 && key.stride(1) == 256 && value.stride(2) == 1 &&
+                  value.stride(1) == 256,
+              "key/value heads must be contiguous (token stride may differ)");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.size(1) == key.size(1) && k_cache.size(3) == 256,
+              "caches must be [num_blocks, H, block_size, 256]");
+  SM70_CHECK_CONTIG(k_cache);
+  SM70_CHECK_CONTIG(v_cache);
+  SM70_CHECK_CONTIG(k_scale);
+  SM70_CHECK_CONTIG(v_scale);
+  TORCH_CHECK(k_scale.numel() == k_cache.numel() / 256 && v_scale.numel() == k_scale.numel(),
+              "scales must be [num_blocks, H, block_size]");
+  TORCH_CHECK(slot_mapping.numel() >= key.size(0), "slot_mapping shorter than key");
+  const c10::cuda::CUDAGuard guard(key.device());
+  sm70::launch_kv_int8_write<256>(
+      hptr(key), hptr(value), key.stride(0), value.stride(0), k_cache.data_ptr<int8_t>(),
+      v_cache.data_ptr<int8_t>(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
+      slot_mapping.data_ptr<int64_t>(), (int)key.size(0), (int)key.size(1),
+      (int)k_cache.size(2), c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+Tensor paged_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                    const Tensor& k_scale, const Tensor& v_scale, const Tensor& block_tables,
+                    const Tensor& seq_lens, int64_t q_per_seq, double sm_scale,
+                    int64_t num_splits) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&q, &k_cache, &v_cache, &k_scale, &v_scale, &block_tables, &seq_lens})
+    SM70_CHECK_CUDA(*t);
+  SM70_CHECK_DTYPE(q, at::kHalf);
+  SM70_CHECK_DTYPE(k_cache, at::kChar);
+  SM70_CHECK_DTYPE(v_cache, at::kChar);
+  SM70_CHECK_DTYPE(k_scale, at::kFloat);
+  SM70_CHECK_DTYPE(v_scale, at::kFloat);
+  SM70_CHECK_DTYPE(block_tables, at::kInt);
+  SM70_CHECK_DTYPE(seq_lens, at::kInt);
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == 256 && q.stride(2) == 1 && q.stride(1) == 256,
+              "q must be [tokens, Hq, 256] with contiguous heads");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(3) == 256 && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes(),
+              "caches must be contiguous [num_blocks, Hkv, block_size, 256]");
+  TORCH_CHECK(k_scale.is_contiguous() && v_scale.is_contiguous(), "scales must be contiguous");
+  const int64_t hkv = k_cache.size(1);
+  const int64_t hq = q.size(1);
+  TORCH_CHECK(hq == hkv * 6, "GQA 6:1 expected: Hq = ", hq, ", Hkv = ", hkv);
+  TORCH_CHECK(q_per_seq >= 1 && q_per_seq <= 4, "q_per_seq must be 1..4, got ", q_per_seq);
+  TORCH_CHECK(q.size(0) % q_per_seq == 0, "q tokens must be a multiple of q_per_seq");
+  const int64_t batch = q.size(0) / q_per_seq;
+  TORCH_CHECK(seq_lens.numel() == batch && block_tables.dim() == 2 &&
+                  block_tables.size(0) == batch && block_tables.stride(1) == 1,
+              "seq_lens [B] and block_tables [B, max_blocks] must match the batch ", batch);
+  TORCH_CHECK(num_splits >= 1 && num_splits <= 1024, "num_splits must be 1..1024");
+  const c10::cuda::CUDAGuard guard(q.device());
+  Tensor out = at::empty_like(q);
+  const int64_t rows = 6 * q_per_seq;
+  Tensor part_o, part_ml;
+  sm70::PagedDecodeParams p{};
+  if (num_splits > 1) {
+    part_o = at::empty({batch, hkv, num_splits, rows, 256}, q.options().dtype(at::kFloat));
+    part_ml = at::empty({batch, hkv, num_splits, rows, 2}, q.options().dtype(at::kFloat));
+    p.part_o = part_o.data_ptr<float>();
+    p.part_ml = part_ml.data_ptr<float>();
+  }
+  p.q = hptr(q);
+  p.k_cache = k_cache.data_ptr<int8_t>();
+  p.v_cache = v_cache.data_ptr<int8_t>();
+  p.k_scale = k_scale.data_ptr<float>();
+  p.v_scale = v_scale.data_ptr<float>();
+  p.block_tables = block_tables.data_ptr<int>();
+  p.seq_lens = seq_lens.data_ptr<int>();
+  p.out = hptr_mut(out);
+  p.q_tok_stride = q.stride(0);
+  p.out_tok_stride = out.stride(0);
+  p.bt_stride = (int)block_tables.stride(0);
+  p.num_kv_heads = (int)hkv;
+  p.block_size = (int)k_cache.size(2);
+  p.num_splits = (int)num_splits;
+  p.scale_log2 = (float)(sm_scale * 1.4426950408889634);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  switch (q_per_seq) {
+    case 1: sm70::launch_paged_decode<6, 1>(p, (int)batch, stream); break;
+    case 2: sm70::launch_paged_decode<6, 2>(p, (int)batch, stream); break;
+    case 3: sm70::launch_paged_decode<6, 3>(p, (int)batch, stream); break;
+    default: sm70::launch_paged_decode<6, 4>(p, (int)batch, stream); break;
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+Tensor int8_gemm_lowrank(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t group_size,
+                         const std::optional<Tensor>& bias, const std::optional<Tensor>& a_t,
+                         const std::optional<Tensor>& b_t,
+                         const std::optional<Tensor>& row_mask) {
+  SM70_CHECK_CUDA(x);
+  SM70_CHECK_DTYPE(x, at::kHalf);
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.stride(0) % 8 == 0,
+              "x must be [M, K] with unit column stride and a row stride multiple of 8");
+  const int64_t M = x.size(0), K = x.size(1), N = qw.size(0);
+  TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32, got ", K);
+  check_packed_weight(qw, sz, K, group_size);
+  check_aligned16(x, "x");
+  check_aligned16(qw, "qw");
+  const c10::cuda::CUDAGuard guard(x.device());
+  Tensor y = at::empty({M, N}, x.options());
+  if (M == 0) return y;
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t rank = a_t.has_value() ? a_t->size(0) : 0;
+  Tensor t;
+  Tensor mask_u8;
+  if (rank > 0) {
+    TORCH_CHECK(b_t.has_value(), "b_t is required with a_t");
+    SM70_CHECK_DTYPE(*a_t, at::kHalf);
+    SM70_CHECK_DTYPE(*b_t, at::kHalf);
+    SM70_CHECK_CONTIG(*a_t);
+    SM70_CHECK_CONTIG(*b_t);
+    TORCH_CHECK(a_t->dim() == 2 && a_t->size(1) == K, "a_t must be [rank, K]");
+    TORCH_CHECK(b_t->dim() == 2 && b_t->size(0) == N && b_t->size(1) == rank,
+                "b_t must be [N, rank]");
+    TORCH_CHECK(rank <= 256 && rank % 8 == 0, "rank must be a multiple of 8 up to 256, got ",
+                rank);
+    if (row_mask.has_value()) {
+      TORCH_CHECK(row_mask->numel() == M, "row_mask must have M = ", M, " elements");
+      mask_u8 = row_mask->to(at::kByte).contiguous();
+    } else {
+      mask_u8 = at::ones({M}, x.options().dtype(at::kByte));
+    }
+    t = at::empty({M, rank}, x.options());
+    sm70::LowrankGemmParams p1{};
+    p1.x = hptr(x);
+    p1.wh = hptr(*a_t);
+    p1.row_mask = mask_u8.data_ptr<uint8_t>();
+    p1.y = hptr_mut(t);
+    p1.ldx = x.stride(0);
+    p1.ldy = rank;
+    p1.M = (int)M;
+    p1.N = (int)rank;
+    p1.K = (int)K;
+    p1.group_size = 1;
+    sm70::launch_lowrank_gemm(p1, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  sm70::LowrankGemmParams p{};
+  p.x = hptr(x);
+  p.qw = qw.data_ptr<uint8_t>();
+  p.sz = reinterpret_cast<const __half2*>(sz.data_ptr<at::Half>());
+  if (rank > 0) {
+    p.x2 = hptr(t);
+    p.w2 = hptr(*b_t);
+    p.ldx2 = rank;
+    p.K2 = (int)rank;
+  }
+  if (bias.has_value()) {
+    SM70_CHECK_DTYPE(*bias, at::kHalf);
+    SM70_CHECK_CONTIG(*bias);
+    TORCH_CHECK(bias->numel() == N, "bias must have N elements");
+    p.bias = hptr(*bias);
+  }
+  p.y = hptr_mut(y);
+  p.ldx = x.stride(0);
+  p.ldy = N;
+  p.M = (int)M;
+  p.N = (int)N;
+  p.K = (int)K;
+  p.group_size = (int)group_size;
+  sm70::launch_lowrank_gemm(p, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(sm70, m) {
+  m.def("gptq_gemv(Tensor x, Tensor qw, Tensor sz, int group_size, Tensor? bias) -> Tensor");
+  m.def(
+      "kv_int8_write(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor slot_mapping) -> ()");
+  m.def(
+      "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_scale, Tensor v_scale, "
+      "Tensor block_tables, Tensor seq_lens, int q_per_seq, float sm_scale, int num_splits) "
+      "-> Tensor");
+  m.def(
+      "int8_gemm_lowrank(Tensor x, Tensor qw, Tensor sz, int group_size, Tensor? bias, "
+      "Tensor? a_t, Tensor? b_t, Tensor? row_mask) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(sm70, CUDA, m) {
+  m.impl("gptq_gemv", &gptq_gemv);
+  m.impl("kv_int8_write", &kv_int8_write);
+  m.impl("paged_decode", &paged_decode);
+  m.impl("int8_gemm_lowrank", &int8_gemm_lowrank);
+}

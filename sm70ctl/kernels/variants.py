@@ -1,0 +1,54 @@
+"""Every kernel variant the torch extension launches, with its launch shape.
+
+The NVRTC check (tests/test_kernels_compile.py) compiles exactly these instantiations for
+sm_70, and the launchers in csrc/torch_bindings use the same block sizes and no dynamic
+shared memory; keep the two in step when a variant is added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    header: str  # file under csrc/kernels
+    expr: str  # C++ name expression that instantiates the kernel
+    threads: int  # threads per block used by the launcher
+    dynamic_smem: int = 0  # bytes of dynamic shared memory the launcher requests
+
+    @property
+    def label(self) -> str:
+        return self.expr.replace("sm70::", "")
+
+
+def gemv_rows(m: int) -> int:
+    """Rows per warp for an M-row GEMV (mirrors GemvRows<M> in gptq_gemv.cuh)."""
+    return 4 if m <= 4 else 2
+
+
+GQA_GROUP = 6  # Qwen3.8-27B: 24 query heads over 4 KV heads
+MAX_QUERY_ROWS = 4  # 1 + MTP k=3
+
+VARIANTS: tuple[KernelVariant, ...] = (
+    *(
+        KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_kernel<{m}, {gemv_rows(m)}>", 128)
+        for m in range(1, 9)
+    ),
+    KernelVariant("kv_int8.cuh", "sm70::kv_int8_write_kernel<256>", 128),
+    *(
+        KernelVariant("paged_decode.cuh", f"sm70::paged_decode_kernel<{GQA_GROUP}, {qn}>", 128)
+        for qn in range(1, MAX_QUERY_ROWS + 1)
+    ),
+    *(
+        KernelVariant(
+            "paged_decode.cuh", f"sm70::paged_decode_reduce_kernel<{GQA_GROUP}, {qn}>", 256
+        )
+        for qn in range(1, MAX_QUERY_ROWS + 1)
+    ),
+    KernelVariant("int8_gemm_lowrank.cuh", "sm70::lowrank_gemm_kernel", 128),
+)
+
+
+def headers() -> list[str]:
+    return sorted({v.header for v in VARIANTS})

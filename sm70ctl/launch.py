@@ -1,0 +1,290 @@
+"""Pure functions from Settings to what vLLM receives: argv, environment, plugin config.
+
+Nothing here touches the world. Facts only probes can know (is P2P available between the
+GPUs? which indices do the GPU UUIDs have?) come in as explicit arguments, so serve's
+pre-flight probes them and this module decides.
+
+With default settings the argv starts with the reference deployment's command, flag for
+flag and in the same order (FACTS.md), followed by our additions; tests pin it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sm70ctl.errors import Sm70Error
+from sm70ctl.settings.problems import MASK
+
+VLLM_ENTRYPOINT = "vllm.entrypoints.openai.api_server"
+PLUGIN_CONFIG_ENV = "SM70_PLUGIN_CONFIG"
+SECRET_FLAGS = ("--api-key",)
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"))
+
+
+def speculative_config(settings: Any) -> dict[str, Any] | None:
+    """vLLM's --speculative-config, or None when speculation is off."""
+    if settings.spec_method == "none":
+        return None
+    config: dict[str, Any] = {
+        "method": settings.spec_method,
+        "num_speculative_tokens": settings.spec_tokens,
+    }
+    if settings.spec_method == "ngram":
+        config["prompt_lookup_min"] = settings.ngram_min
+        config["prompt_lookup_max"] = settings.ngram_max
+    return config
+
+
+def compilation_config(settings: Any) -> dict[str, Any]:
+    return {
+        "cudagraph_mode": settings.cudagraph_mode,
+        "cudagraph_capture_sizes": sorted(settings.cudagraph_sizes),
+    }
+
+
+def vllm_argv(settings: Any) -> list[str]:
+    """The full command line of the vLLM API server (argv[0] is the serving interpreter).
+
+    The API key is on it in clear: show it only through `redact_argv`.
+    """
+    s = settings
+    argv = [str(s.serve_python), "-m", VLLM_ENTRYPOINT, str(s.model_dir)]
+    # --- the reference deployment, in its order -------------------------------------
+    if s.quantization != "none":
+        argv += ["--quantization", s.quantization]
+    argv += ["--dtype", s.dtype, "--tensor-parallel-size", str(s.tensor_parallel_size)]
+    if not s.custom_allreduce:
+        argv.append("--disable-custom-all-reduce")
+    argv += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
+    if s.kv_cache_bytes > 0:
+        argv += ["--kv-cache-memory-bytes", str(s.kv_cache_bytes)]
+    argv += ["--kv-cache-dtype", s.kv_cache_dtype]
+    argv.append("--enable-prefix-caching" if s.enable_prefix_caching
+                else "--no-enable-prefix-caching")
+    argv += [
+        "--max-model-len", str(s.max_model_len),
+        "--max-num-seqs", str(s.max_num_seqs),
+        "--max-num-batched-tokens", str(s.max_num_batched_tokens),
+        "--limit-mm-per-prompt", _json({"image": s.limit_images, "video": s.limit_videos}),
+    ]
+    if s.enable_auto_tool_choice:
+        argv.append("--enable-auto-tool-choice")
+    argv += ["--tool-call-parser", s.tool_call_parser]
+    if s.reasoning_parser:
+        argv += ["--reasoning-parser", s.reasoning_parser]
+    argv += ["--compilation-config", _json(compilation_config(s))]
+    argv += ["--mamba-cache-mode", s.mamba_cache_mode]
+    spec = speculative_config(s)
+    if spec is not None:  # exactly once: a second copy silently fell back to k=1
+        argv += ["--speculative-config", _json(spec)]
+    # --- our additions ----------------------------------------------------------------
+    argv += [
+        "--host", s.host,
+        "--port", str(s.port),
+        "--served-model-name", s.served_model_name,
+        "--attention-backend", s.attention_backend,
+        "--pipeline-parallel-size", str(s.pipeline_parallel_size),
+        "--long-prefill-token-threshold", str(s.prefill_chunk),
+        "--max-logprobs", str(s.max_logprobs),
+        "--generation-config", s.generation_config,
+    ]
+    if s.block_size:
+        argv += ["--block-size", str(s.block_size)]
+    if s.enforce_eager:
+        argv.append("--enforce-eager")
+    argv.append("--async-scheduling" if s.async_scheduling else "--no-async-scheduling")
+    if s.api_key is not None:
+        argv += ["--api-key", s.api_key.get_secret_value()]
+    return argv
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """argv safe to print or log: values of secret flags become ***."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg in SECRET_FLAGS:
+            out[i + 1] = MASK
+    return out
+
+
+# --- compile cache ------------------------------------------------------------------------
+def compile_key_items(settings: Any) -> dict[str, str]:
+    """Every setting marked compile_key in the schema, in its environment spelling."""
+    from sm70ctl.settings.schema import load_schema
+
+    return {
+        v.name: settings.env_text(v.name)
+        for v in load_schema().variables
+        if v.compile_key
+    }
+
+
+def compile_fingerprint(settings: Any) -> str:
+    """Short hash of the kernel-shaping settings: names the compile-cache folder."""
+    text = _json(sorted(compile_key_items(settings).items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def compile_cache_dir(settings: Any) -> Path:
+    return Path(settings.cache_dir) / compile_fingerprint(settings)
+
+
+# --- environment --------------------------------------------------------------------------
+def plugin_config(settings: Any) -> dict[str, Any]:
+    """What vllm_patch reads from SM70_PLUGIN_CONFIG (see vllm_patch/config.py)."""
+    return plugin_config_obj(settings).to_dict()
+
+
+def plugin_config_obj(settings: Any) -> Any:
+    from vllm_patch.config import (
+        AllreduceConfig,
+        AttentionConfig,
+        ClefConfig,
+        GdnConfig,
+        GemmConfig,
+        LogprobsConfig,
+        MemoryConfig,
+        PluginConfig,
+        SparsePrefillConfig,
+        SpecConfig,
+    )
+
+    s = settings
+    return PluginConfig(
+        memory=MemoryConfig(
+            state_block_multiplier=s.state_block_multiplier, split_pools=s.split_pools
+        ),
+        attention=AttentionConfig(
+            prefill_kernel=s.prefill_attention,
+            decode_tensor_cores=s.decode_tensor_cores,
+            uniform_decode=s.uniform_decode,
+            decode_max_splits=s.decode_max_splits,
+            paged_prefill=s.paged_prefill,
+        ),
+        sparse_prefill=SparsePrefillConfig(
+            enabled=s.sparse_prefill,
+            percent=float(s.sparse_prefill_percent),
+            mass=float(s.sparse_prefill_mass),
+            block=s.sparse_prefill_block,
+            min_len=s.sparse_prefill_min_len,
+            decode_top_fraction=float(s.sparse_decode_top_fraction),
+        ),
+        gemm=GemmConfig(
+            int8_gemv=s.int8_gemv,
+            attn_weights_12bit=s.attn_weights_12bit,
+            int8_lm_head=s.int8_lm_head,
+            tuning=s.gemm_tuning,
+            gemv_max_rows=s.gemv_max_rows,
+        ),
+        allreduce=AllreduceConfig(
+            mode=s.allreduce_mode, buffer_bytes=s.allreduce_buffer_bytes
+        ),
+        gdn=GdnConfig(
+            kernel=s.gdn_kernel, chunk_size=s.gdn_chunk_size, state_dtype=s.gdn_state_dtype
+        ),
+        spec=SpecConfig(
+            draft_head_dtype=s.draft_head_dtype,
+            draft_cudagraph=s.draft_cudagraph,
+            ngram_assist=s.ngram_assist,
+            ngram_min=s.ngram_min,
+            ngram_max=s.ngram_max,
+        ),
+        clef=ClefConfig(
+            enabled=s.clef,
+            dir=str(s.clef_dir),
+            rank=s.clef_rank,
+            max_model_len=s.clef_max_model_len,
+            max_questions=s.clef_max_questions,
+        ),
+        logprobs=LogprobsConfig(prompt_chunk=s.prompt_logprobs_chunk),
+    )
+
+
+def visible_devices(settings: Any, gpu_indices: Sequence[int] | None = None) -> str:
+    """CUDA_VISIBLE_DEVICES as integers (vLLM parses it as ints, not UUIDs)."""
+    if gpu_indices is not None:
+        if len(gpu_indices) != len(settings.gpus):
+            raise Sm70Error(
+                f"resolved {len(gpu_indices)} GPU indices for SM70_GPUS="
+                f"{','.join(settings.gpus)} ({len(settings.gpus)} GPUs)",
+                hint="resolve every entry of SM70_GPUS",
+            )
+        return ",".join(str(i) for i in gpu_indices)
+    unresolved = [g for g in settings.gpus if not g.isdigit()]
+    if unresolved:
+        raise Sm70Error(
+            f"SM70_GPUS holds GPU UUIDs {unresolved} that were not resolved to indices",
+            hint="serve resolves UUIDs through NVML and passes gpu_indices",
+        )
+    return ",".join(settings.gpus)
+
+
+def p2p_disable(settings: Any, p2p_available: bool | None) -> str | None:
+    """NCCL_P2P_DISABLE: forced by SM70_P2P, else from the topology (None: leave unset)."""
+    if settings.p2p == "on":
+        return "0"
+    if settings.p2p == "off":
+        return "1"
+    if p2p_available is None:
+        return None
+    return "0" if p2p_available else "1"
+
+
+def vllm_env(
+    settings: Any,
+    *,
+    p2p_available: bool | None = None,
+    gpu_indices: Sequence[int] | None = None,
+) -> dict[str, str]:
+    """The variables sm70ctl sets for vLLM, NCCL and PyTorch (on top of the inherited env).
+
+    `p2p_available`: whether driver P2P works between every pair of the GPUs (probed by
+    serve); None when unknown. `gpu_indices`: SM70_GPUS resolved to CUDA indices.
+    """
+    s = settings
+    cache = compile_cache_dir(s)
+    env = {
+        "CUDA_DEVICE_ORDER": s.cuda_device_order,
+        "CUDA_VISIBLE_DEVICES": visible_devices(s, gpu_indices),
+        "TORCH_CUDA_ARCH_LIST": s.cuda_arch_list,
+        "PYTORCH_CUDA_ALLOC_CONF": f"expandable_segments:{s.expandable_segments}",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "NCCL_CUMEM_ENABLE": "1" if s.nccl_cumem else "0",
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "VLLM_LOGGING_LEVEL": s.log_level.upper(),
+        PLUGIN_CONFIG_ENV: plugin_config_obj(s).to_json(),
+    }
+    disable = p2p_disable(s, p2p_available)
+    if disable is not None:
+        env["NCCL_P2P_DISABLE"] = disable
+    if s.profile_dir is not None:
+        env["VLLM_TORCH_PROFILER_DIR"] = str(s.profile_dir)
+    return env
+
+
+__all__ = [
+    "PLUGIN_CONFIG_ENV",
+    "compilation_config",
+    "compile_cache_dir",
+    "compile_fingerprint",
+    "compile_key_items",
+    "p2p_disable",
+    "plugin_config",
+    "plugin_config_obj",
+    "redact_argv",
+    "speculative_config",
+    "visible_devices",
+    "vllm_argv",
+    "vllm_env",
+]

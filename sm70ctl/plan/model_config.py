@@ -1,0 +1,294 @@
+"""Parse a Hugging Face `config.json` (the `qwen3_5` layout) into the shapes the plan needs.
+
+Only what changes memory is read: layer counts and kinds, head counts and sizes, the
+vocabulary, the vision tower's shapes, the MTP layer count, and the quantisation config
+(`bits`, `group_size`, `sym`, `desc_act`, `modules_to_not_convert`, `dynamic`). A flat text
+config (no `text_config`, as `Qwen3NextForCausalLM` or `qwen3_5_text` checkpoints have) is
+accepted too, so tiny test models work.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sm70ctl.errors import Sm70Error
+
+FULL = "full_attention"
+LINEAR = "linear_attention"
+
+
+@dataclass(frozen=True)
+class VisionShape:
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    in_channels: int
+    patch_size: int
+    temporal_patch_size: int
+    spatial_merge_size: int
+    out_hidden_size: int
+    num_position_embeddings: int
+    deepstack_visual_indexes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """How one linear is stored: GPTQ with these parameters."""
+
+    bits: int
+    group_size: int
+    sym: bool
+    desc_act: bool
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """A GPTQ quantisation config; `scheme_for(name)` says how a module is stored."""
+
+    method: str
+    default: Scheme
+    lm_head: bool = False  # GPTQ's `lm_head` flag: the checkpoint's lm_head is quantised
+    modules_to_not_convert: tuple[str, ...] = ()
+    # (regex, None for "-:" (kept 16-bit) or the overriding Scheme), in file order
+    dynamic: tuple[tuple[str, Scheme | None], ...] = ()
+
+    def scheme_for(self, name: str) -> Scheme | None:
+        """The GPTQ scheme of module `name`, or None when it stays 16-bit.
+
+        `modules_to_not_convert` entries match on dotted-name boundaries (so `layers.1`
+        never matches `layers.10`); `dynamic` keys are regexes matched from the start of
+        the name, as vLLM's GPTQ config does: `-:` keeps the module 16-bit, `+:` or no
+        prefix overrides bits/group_size/sym/desc_act.
+        """
+        dotted = f".{name}."
+        if any(f".{m.strip('.')}." in dotted for m in self.modules_to_not_convert):
+            return None
+        for pattern, override in self.dynamic:
+            if re.match(pattern, name):
+                return override
+        return self.default
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Everything about the model that decides its memory footprint."""
+
+    source: str
+    architecture: str
+    hidden_size: int
+    intermediate_size: int
+    layer_types: tuple[str, ...]
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    attn_output_gate: bool
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    mtp_num_hidden_layers: int
+    max_position_embeddings: int
+    # checkpoint name prefix of the decoder (model.language_model. for qwen3_5, model. flat)
+    prefix: str
+    vision: VisionShape | None
+    quant: QuantConfig | None
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def full_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == FULL)
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == LINEAR)
+
+    @property
+    def gdn_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def gdn_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+
+def _need(cfg: dict[str, Any], key: str, where: str, kind: type = int) -> Any:
+    if key not in cfg:
+        raise Sm70Error(
+            f"model config: `{where}{key}` is missing",
+            hint="give a Hugging Face config.json of a Qwen3.5/Qwen3.8 (qwen3_5) model",
+        )
+    value = cfg[key]
+    if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise Sm70Error(f"model config: `{where}{key}` = {value!r} is not a non-negative integer")
+    return value
+
+
+def _layer_types(text: dict[str, Any], where: str) -> tuple[str, ...]:
+    n = _need(text, "num_hidden_layers", where)
+    types = text.get("layer_types")
+    if types is None:
+        interval = text.get("full_attention_interval")
+        if not isinstance(interval, int) or interval <= 0:
+            raise Sm70Error(
+                f"model config: `{where}layer_types` and `{where}full_attention_interval` "
+                "are both missing"
+            )
+        types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n)]
+    types = tuple(types)
+    if len(types) != n:
+        raise Sm70Error(
+            f"model config: `{where}layer_types` has {len(types)} entries, "
+            f"num_hidden_layers is {n}"
+        )
+    bad = sorted({t for t in types if t not in (FULL, LINEAR)})
+    if bad:
+        raise Sm70Error(
+            f"model config: `{where}layer_types` has unknown kinds {bad}",
+            hint=f"allowed: {FULL!r}, {LINEAR!r}",
+        )
+    return types
+
+
+def _scheme(q: dict[str, Any], base: Scheme | None, where: str) -> Scheme:
+    bits = q.get("bits", base.bits if base else None)
+    group = q.get("group_size", base.group_size if base else None)
+    if bits not in (2, 3, 4, 8):
+        raise Sm70Error(f"quantization config: `{where}bits` = {bits!r}; allowed 2, 3, 4, 8")
+    if not isinstance(group, int) or isinstance(group, bool) or (group <= 0 and group != -1):
+        raise Sm70Error(
+            f"quantization config: `{where}group_size` = {group!r}; "
+            "must be a positive integer or -1"
+        )
+    return Scheme(
+        bits=bits,
+        group_size=group,
+        sym=bool(q.get("sym", base.sym if base else True)),
+        desc_act=bool(q.get("desc_act", base.desc_act if base else False)),
+    )
+
+
+def parse_quant(q: dict[str, Any] | None) -> QuantConfig | None:
+    """The GPTQ config, or None for a 16-bit checkpoint."""
+    if not q:
+        return None
+    method = str(q.get("quant_method", "gptq")).lower()
+    if method != "gptq":
+        raise Sm70Error(
+            f"quantization config: quant_method {method!r} is not planned",
+            hint="sm70ctl plans GPTQ (int8 group-128) or 16-bit checkpoints",
+        )
+    default = _scheme(q, None, "quantization_config.")
+    skip = q.get("modules_to_not_convert") or []
+    if not isinstance(skip, list) or not all(isinstance(s, str) for s in skip):
+        raise Sm70Error("quantization config: `modules_to_not_convert` must be a list of names")
+    dynamic: list[tuple[str, Scheme | None]] = []
+    for key, override in (q.get("dynamic") or {}).items():
+        if key.startswith("-:"):
+            dynamic.append((key[2:], None))
+        else:
+            pattern = key[2:] if key.startswith("+:") else key
+            dynamic.append((pattern, _scheme(override or {}, default, f"dynamic[{key!r}].")))
+        try:
+            re.compile(dynamic[-1][0])
+        except re.error as exc:
+            raise Sm70Error(
+                f"quantization config: dynamic key {key!r} is not a regex: {exc}"
+            ) from exc
+    return QuantConfig(
+        method, default, bool(q.get("lm_head", False)), tuple(skip), tuple(dynamic)
+    )
+
+
+def parse_vision(v: dict[str, Any] | None) -> VisionShape | None:
+    if not v:
+        return None
+    w = "vision_config."
+    return VisionShape(
+        depth=_need(v, "depth", w),
+        hidden_size=_need(v, "hidden_size", w),
+        intermediate_size=_need(v, "intermediate_size", w),
+        num_heads=_need(v, "num_heads", w),
+        in_channels=v.get("in_channels", 3),
+        patch_size=_need(v, "patch_size", w),
+        temporal_patch_size=v.get("temporal_patch_size", 2),
+        spatial_merge_size=v.get("spatial_merge_size", 2),
+        out_hidden_size=_need(v, "out_hidden_size", w),
+        num_position_embeddings=v.get("num_position_embeddings", 0),
+        deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes") or ()),
+    )
+
+
+def parse_config(cfg: dict[str, Any], source: str = "<dict>") -> ModelShape:
+    """A `ModelShape` from a parsed config.json; Sm70Error naming the field when unusable."""
+    if not isinstance(cfg, dict):
+        raise Sm70Error(f"model config {source}: not a JSON object")
+    nested = isinstance(cfg.get("text_config"), dict)
+    text = cfg["text_config"] if nested else cfg
+    where = "text_config." if nested else ""
+    types = _layer_types(text, where)
+    heads = _need(text, "num_attention_heads", where)
+    hidden = _need(text, "hidden_size", where)
+    tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    quant = parse_quant(cfg.get("quantization_config") or text.get("quantization_config"))
+    shape = ModelShape(
+        source=source,
+        architecture=(cfg.get("architectures") or ["?"])[0],
+        hidden_size=hidden,
+        intermediate_size=_need(text, "intermediate_size", where),
+        layer_types=types,
+        num_attention_heads=heads,
+        num_key_value_heads=text.get("num_key_value_heads", heads),
+        head_dim=text.get("head_dim") or hidden // heads,
+        attn_output_gate=bool(text.get("attn_output_gate", True)),
+        linear_num_key_heads=text.get("linear_num_key_heads", 0),
+        linear_num_value_heads=text.get("linear_num_value_heads", 0),
+        linear_key_head_dim=text.get("linear_key_head_dim", 0),
+        linear_value_head_dim=text.get("linear_value_head_dim", 0),
+        linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 4),
+        vocab_size=_need(text, "vocab_size", where),
+        tie_word_embeddings=bool(tie),
+        mtp_num_hidden_layers=text.get("mtp_num_hidden_layers", 0) or 0,
+        max_position_embeddings=text.get("max_position_embeddings", 0) or 0,
+        prefix="model.language_model." if nested else "model.",
+        vision=parse_vision(cfg.get("vision_config")),
+        quant=quant,
+    )
+    if shape.linear_layers and not (
+        shape.linear_num_key_heads and shape.linear_num_value_heads
+        and shape.linear_key_head_dim and shape.linear_value_head_dim
+    ):
+        raise Sm70Error(
+            f"model config: `{where}layer_types` has linear_attention layers but the "
+            f"`{where}linear_*` head counts/dims are missing or zero"
+        )
+    return shape
+
+
+def load_config(path: Path) -> ModelShape:
+    """Read and parse a config.json (the file edge)."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise Sm70Error(f"model config {path}: no such file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Sm70Error(f"model config {path}: cannot read: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise Sm70Error(f"model config {path}: not valid JSON: {exc}") from exc
+    return parse_config(raw, str(path))
+
+
+def builtin_config_path() -> Path:
+    """The packaged reference description of Qwen3.8-27B GPTQ int8."""
+    return Path(__file__).resolve().parent.parent / "data" / "qwen3.8-27b" / "config.json"

@@ -1,0 +1,384 @@
+"""The memory plan: `compute_plan(model, inputs, gpus) -> Plan`, every item in bytes (pure).
+
+Per GPU, in allocation order: CUDA context, weights (by tensor class), Clef's correction and
+head, workspaces, allocator reserve, then the pool (GDN state + KV). The budget is
+floor(total x SM70_GPU_MEMORY_UTILIZATION). The pool is SM70_KV_CACHE_BYTES when set, else
+whatever the budget leaves. The plan fits when every GPU's items stay inside its budget, the
+state pool fits in the pool and the KV left holds SM70_MAX_MODEL_LEN tokens; otherwise it
+names the first item that overflows and by how many bytes, and says what does fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from sm70ctl.errors import Sm70Error
+from sm70ctl.plan import clef as clef_mod
+from sm70ctl.plan.model_config import FULL, ModelShape
+from sm70ctl.plan.pools import GdnPage, PoolLayout, gdn_page, kv_bytes_per_token_layer, layout_pool
+from sm70ctl.plan.shapes import kv_heads_per_gpu, pp_layer_ranges, stage_tensors
+from sm70ctl.plan.weights import WeightOptions, by_class
+from sm70ctl.plan.workspaces import WorkspaceInputs, workspace_items
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """The settings the plan reads; defaults are the reference deployment (FACTS.md)."""
+
+    tensor_parallel_size: int = 2
+    pipeline_parallel_size: int = 1
+    max_model_len: int = 262_144
+    kv_cache_bytes: int = 10_630_627_328
+    kv_cache_dtype: str = "int8_per_token_head"
+    gpu_memory_utilization: float = 0.96
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048
+    prefill_chunk: int = 2048
+    block_size: int = 0
+    state_block_multiplier: int = 8
+    gdn_state_dtype: str = "int16"
+    split_pools: bool = True
+    allocator_reserve: int = 256 * MiB
+    cuda_context_reserve: int = 512 * MiB
+    int8_lm_head: bool = True
+    attn_weights_12bit: bool = False
+    clef: bool = False
+    clef_rank: int = 256
+    prompt_logprobs_chunk: int = 256
+    max_logprobs: int = 20
+    cudagraph_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    allreduce_buffer_bytes: int = 16 * MiB
+    decode_max_splits: int = 64
+    draft_head_dtype: str = "int8"
+    spec_tokens: int = 3
+    spec_method: str = "mtp"
+    gdn_chunk_size: int = 64
+    enforce_eager: bool = False
+    limit_images: int = 20
+    limit_videos: int = 2
+
+    @property
+    def vision(self) -> bool:
+        """vLLM leaves the vision encoder out when every modality's limit is 0."""
+        return self.limit_images > 0 or self.limit_videos > 0
+
+    @classmethod
+    def from_settings(cls, settings: Any, **overrides: Any) -> PlanInputs:
+        """Take every field the settings object has (attribute = variable name lower-cased
+        without SM70_); fields it lacks keep their reference defaults."""
+        values: dict[str, Any] = {}
+        for name in cls.__dataclass_fields__:
+            if hasattr(settings, name):
+                values[name] = getattr(settings, name)
+        if "cudagraph_sizes" in values:
+            values["cudagraph_sizes"] = _int_tuple(values["cudagraph_sizes"])
+        for key in ("kv_cache_dtype", "gdn_state_dtype", "draft_head_dtype", "spec_method"):
+            if key in values:
+                values[key] = str(getattr(values[key], "value", values[key])).lower()
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def validate(self) -> None:
+        def bad(var: str, value: Any, rule: str) -> Sm70Error:
+            return Sm70Error(f"SM70_{var.upper()}={value!r}: {rule}")
+
+        for var in ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
+                    "max_num_seqs", "max_num_batched_tokens", "state_block_multiplier",
+                    "gdn_chunk_size"):
+            if getattr(self, var) < 1:
+                raise bad(var, getattr(self, var), "must be at least 1")
+        for var in ("kv_cache_bytes", "block_size", "allocator_reserve", "cuda_context_reserve",
+                    "prompt_logprobs_chunk", "max_logprobs", "allreduce_buffer_bytes",
+                    "decode_max_splits", "spec_tokens", "prefill_chunk", "clef_rank"):
+            if getattr(self, var) < 0:
+                raise bad(var, getattr(self, var), "must not be negative")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise bad("gpu_memory_utilization", self.gpu_memory_utilization, "must be in (0, 1]")
+        if self.draft_head_dtype not in ("fp16", "float16", "int8", "int4"):
+            raise bad("draft_head_dtype", self.draft_head_dtype, "allowed: float16, int8, int4")
+
+    @property
+    def speculative(self) -> int:
+        """Draft tokens per step (0 when speculative decoding is off)."""
+        return self.spec_tokens if self.spec_method not in ("", "none", "off") else 0
+
+
+def _int_tuple(value: Any) -> tuple[int, ...]:
+    if isinstance(value, str):
+        return tuple(int(v) for v in value.replace(" ", "").split(",") if v)
+    return tuple(int(v) for v in value)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    total_bytes: int
+
+
+@dataclass
+class PlanItem:
+    section: str  # weights | clef | workspace | reserve | pool
+    key: str
+    label: str
+    bytes: int
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Overflow:
+    gpu: int
+    item: str
+    by_bytes: int
+    message: str
+
+
+@dataclass
+class GpuPlan:
+    gpu: Gpu
+    stage: int
+    tp_rank: int
+    budget: int
+    items: list[PlanItem]
+    layout: PoolLayout
+    fixed_bytes: int
+    pool_available: int  # what the budget leaves for the pool after the fixed items
+    overflow: Overflow | None
+    fits_instead: dict[str, int]
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(i.bytes for i in self.items if i.section == "weights")
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+    @property
+    def free_bytes(self) -> int:
+        return self.budget - self.used_bytes
+
+
+@dataclass
+class Plan:
+    model: ModelShape
+    inputs: PlanInputs
+    gpus: list[GpuPlan]
+    context: int
+    warnings: list[str]
+    kv_bytes_per_token_layer: int
+    gdn_page: GdnPage | None
+
+    @property
+    def overflow(self) -> Overflow | None:
+        return next((g.overflow for g in self.gpus if g.overflow), None)
+
+    @property
+    def fits(self) -> bool:
+        return self.overflow is None
+
+    @property
+    def longest_sequence(self) -> int:
+        return min(g.layout.kv_tokens for g in self.gpus)
+
+    def concurrency(self, context: int) -> dict[str, int]:
+        per = [g.layout.concurrency(context, self.inputs.max_num_seqs) for g in self.gpus]
+        return min(per, key=lambda c: c["sequences"])
+
+    def fits_instead(self) -> dict[str, int]:
+        keys = self.gpus[0].fits_instead.keys()
+        return {k: min(g.fits_instead[k] for g in self.gpus) for k in keys}
+
+
+def _stage_kinds(m: ModelShape, layers: range) -> set[str]:
+    return {"full" if m.layer_types[i] == FULL else "linear" for i in layers}
+
+
+def compute_plan(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu],
+                 context: int | None = None) -> Plan:
+    """The byte-exact plan of `model` under `inputs` on `gpus` (pure)."""
+    inputs.validate()
+    tp, pp = inputs.tensor_parallel_size, inputs.pipeline_parallel_size
+    if len(gpus) < tp * pp:
+        raise Sm70Error(
+            f"{len(gpus)} GPU(s) given, but SM70_TENSOR_PARALLEL_SIZE={tp} x "
+            f"SM70_PIPELINE_PARALLEL_SIZE={pp} needs {tp * pp}",
+            hint=f"give --gpus {tp * pp}x32GiB or lower the parallel sizes",
+        )
+    for var, n in (("SM70_TENSOR_PARALLEL_SIZE", model.num_attention_heads),
+                   ("SM70_TENSOR_PARALLEL_SIZE", model.linear_num_value_heads or tp),
+                   ("SM70_TENSOR_PARALLEL_SIZE", model.intermediate_size)):
+        if n % tp:
+            raise Sm70Error(f"{var}={tp} does not divide the model's {n} heads/features")
+    if pp > model.num_layers:
+        raise Sm70Error(f"SM70_PIPELINE_PARALLEL_SIZE={pp} exceeds the {model.num_layers} layers")
+    warnings: list[str] = list(model.warnings)
+    spec = inputs.speculative
+    # n-gram drafting keeps the conv-state columns for rollback but loads no MTP layer
+    mtp = inputs.spec_method == "mtp" and spec > 0 and model.mtp_num_hidden_layers > 0
+    opts = WeightOptions(inputs.int8_lm_head, inputs.attn_weights_12bit, inputs.draft_head_dtype)
+    ranges = pp_layer_ranges(model.num_layers, pp)
+    tokens = min(inputs.prefill_chunk or inputs.max_num_batched_tokens,
+                 inputs.max_num_batched_tokens)
+    sizes = () if inputs.enforce_eager else inputs.cudagraph_sizes
+    ws_in = WorkspaceInputs(
+        tp, pp, tokens, inputs.max_num_seqs, spec, inputs.max_logprobs,
+        inputs.prompt_logprobs_chunk, sizes, inputs.allreduce_buffer_bytes,
+        inputs.decode_max_splits, inputs.gdn_chunk_size, inputs.cuda_context_reserve,
+        inputs.allocator_reserve)
+    kv_layer_tok = kv_bytes_per_token_layer(kv_heads_per_gpu(model, tp), model.head_dim,
+                                            inputs.kv_cache_dtype)
+    page = None
+    if model.linear_layers:
+        page = gdn_page(model.linear_num_value_heads // tp, model.linear_key_head_dim,
+                        model.linear_value_head_dim, (2 * model.gdn_key_dim
+                                                      + model.gdn_value_dim) // tp,
+                        model.linear_conv_kernel_dim, spec, inputs.gdn_state_dtype)
+
+    plans: list[GpuPlan] = []
+    for stage, layers in enumerate(ranges):
+        last = stage == pp - 1
+        items: list[PlanItem] = []
+        tensors = stage_tensors(model, tp, pp, stage, mtp=mtp, int8_lm_head=inputs.int8_lm_head,
+                                vision=inputs.vision)
+        stage_warn: list[str] = []
+        for c in by_class(tensors, model.quant, opts, stage_warn):
+            items.append(PlanItem("weights", f"weights.{c.cls}", c.label, c.total,
+                                  {"parts": c.parts, "formats": c.formats, "tensors": c.tensors}))
+        warnings += [w for w in stage_warn if w not in warnings]
+        if inputs.clef:
+            for key, label, b, detail in clef_mod.clef_items(model, tp, layers, last,
+                                                             inputs.clef_rank):
+                items.append(PlanItem("clef", key, label, b, detail))
+        kinds = _stage_kinds(model, layers)
+        attn = sum(1 for i in layers if model.layer_types[i] == FULL)
+        attn += model.mtp_num_hidden_layers if (mtp and last) else 0
+        gdn = sum(1 for i in layers if model.layer_types[i] != FULL)
+        for it in workspace_items(model, ws_in, kinds=kinds, last=last, has_attention=attn > 0):
+            section = "reserve" if it.key in ("cuda_context", "allocator") else "workspace"
+            items.append(PlanItem(section, it.key, it.label, it.bytes, it.detail))
+        budget_of = {g.index: math.floor(g.total_bytes * inputs.gpu_memory_utilization)
+                     for g in gpus}
+        for tp_rank in range(tp):
+            gpu = gpus[stage * tp + tp_rank]
+            budget = budget_of[gpu.index]
+            plans.append(_gpu_plan(gpu, stage, tp_rank, budget, items, inputs, attn, gdn,
+                                   kv_layer_tok, page.total if page else 0))
+    return Plan(model, inputs, plans, context or inputs.max_model_len, warnings,
+                kv_layer_tok, page)
+
+
+def _layout(pool: int, inputs: PlanInputs, attn: int, gdn: int, kv_layer_tok: int,
+            page: int, seqs: int) -> PoolLayout:
+    return layout_pool(pool, split=inputs.split_pools, block_size=inputs.block_size,
+                       attn_layers=attn, kv_layer_token=kv_layer_tok, gdn_layers=gdn,
+                       gdn_page_bytes=page, slots_per_seq=inputs.state_block_multiplier,
+                       max_num_seqs=seqs)
+
+
+def _gpu_plan(gpu: Gpu, stage: int, tp_rank: int, budget: int, stage_items: list[PlanItem],
+              inputs: PlanInputs, attn: int, gdn: int, kv_layer_tok: int,
+              page: int) -> GpuPlan:
+    items = [PlanItem(i.section, i.key, i.label, i.bytes, i.detail) for i in stage_items]
+    fixed = sum(i.bytes for i in items)
+    available = budget - fixed
+    pool = inputs.kv_cache_bytes or max(available, 0)
+    layout = _layout(pool, inputs, attn, gdn, kv_layer_tok, page, inputs.max_num_seqs)
+    items.append(PlanItem("pool", "pool.state", "GDN state pool", layout.state_pool_bytes,
+                          {"slots": layout.slots, "bytes_per_slot": layout.state_bytes_per_slot}))
+    items.append(PlanItem("pool", "pool.kv", "KV cache pool", pool - layout.state_pool_bytes,
+                          {"tokens": layout.kv_tokens, "blocks": layout.kv_blocks,
+                           "block_size": layout.block_size,
+                           "bytes_per_token": layout.kv_bytes_per_token}))
+    overflow = _overflow(gpu, items, budget, layout, inputs)
+    fits_instead = _fits_instead(min(pool, max(available, 0)), inputs, attn, gdn,
+                                 kv_layer_tok, page)
+    return GpuPlan(gpu, stage, tp_rank, budget, items, layout, fixed, available, overflow,
+                   fits_instead)
+
+
+def _overflow(gpu: Gpu, items: list[PlanItem], budget: int, layout: PoolLayout,
+              inputs: PlanInputs) -> Overflow | None:
+    total = 0
+    for it in items:
+        total += it.bytes
+        if total > budget:
+            return Overflow(gpu.index, it.label, total - budget,
+                            f"GPU {gpu.index}: {it.label} overflows the budget "
+                            f"(SM70_GPU_MEMORY_UTILIZATION={inputs.gpu_memory_utilization} of "
+                            f"{gpu.total_bytes:,} B = {budget:,} B) by {total - budget:,} B")
+    if layout.state_pool_bytes > layout.pool_bytes:
+        by = layout.state_pool_bytes - layout.pool_bytes
+        return Overflow(gpu.index, "GDN state pool", by,
+                        f"GPU {gpu.index}: GDN state pool ({layout.slots} slots) needs "
+                        f"{layout.state_pool_bytes:,} B, the pool has {layout.pool_bytes:,} B: "
+                        f"short by {by:,} B")
+    need_blocks = layout.blocks_for(inputs.max_model_len)
+    if layout.kv_blocks < need_blocks:
+        need = need_blocks * layout.block_bytes
+        by = need - layout.kv_region
+        return Overflow(gpu.index, "KV cache pool", by,
+                        f"GPU {gpu.index}: KV cache pool holds {layout.kv_tokens:,} tokens, "
+                        f"SM70_MAX_MODEL_LEN={inputs.max_model_len:,} needs "
+                        f"{need:,} B of KV, {layout.kv_region:,} B left after the state pool: "
+                        f"short by {by:,} B")
+    return None
+
+
+def _fits_instead(pool: int, inputs: PlanInputs, attn: int, gdn: int, kv_layer_tok: int,
+                  page: int) -> dict[str, int]:
+    """What this GPU holds with the pool it can really have: the longest single sequence
+    (one sequence's state slots reserved) and how many max-length sequences fit."""
+    one = _layout(pool, inputs, attn, gdn, kv_layer_tok, page, 1)
+    longest = one.kv_tokens if one.kv_blocks > 0 else 0
+    seqs = 0
+    for n in range(1, inputs.max_num_seqs + 1):
+        lay = _layout(pool, inputs, attn, gdn, kv_layer_tok, page, n)
+        if lay.kv_blocks < n * lay.blocks_for(inputs.max_model_len):
+            break
+        seqs = n
+    return {"pool_bytes": pool, "longest_sequence": longest, "max_len_sequences": seqs}
+
+
+# Relaxations tried, in order, when a plan does not fit: each keeps the ones before it.
+RELAXATIONS: list[tuple[str, dict[str, Any]]] = [
+    ("as configured, pool = what the budget leaves", {"kv_cache_bytes": 0}),
+    ("no logprobs", {"max_logprobs": 0}),
+    ("text only (no vision tower)", {"limit_images": 0, "limit_videos": 0}),
+    ("no speculative decoding (no MTP layer)", {"spec_method": "none"}),
+    ("one sequence, one state slot", {"max_num_seqs": 1, "state_block_multiplier": 1}),
+]
+_ENV = {"kv_cache_bytes": "SM70_KV_CACHE_BYTES", "max_logprobs": "SM70_MAX_LOGPROBS",
+        "limit_images": "SM70_LIMIT_IMAGES", "limit_videos": "SM70_LIMIT_VIDEOS",
+        "spec_method": "SM70_SPEC_METHOD", "spec_tokens": "SM70_SPEC_TOKENS",
+        "max_num_seqs": "SM70_MAX_NUM_SEQS",
+        "state_block_multiplier": "SM70_STATE_BLOCK_MULTIPLIER"}
+
+
+def what_fits(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu]) -> list[dict[str, Any]]:
+    """The longest single sequence after each relaxation in turn, until one holds
+    SM70_MAX_MODEL_LEN; each step names the settings it changes (SM70_KV_CACHE_BYTES=0
+    means: let the pool take what the budget leaves)."""
+    steps: list[dict[str, Any]] = []
+    changes: dict[str, Any] = {}
+    for label, change in RELAXATIONS:
+        changes.update(change)
+        trial = PlanInputs(**{**inputs.__dict__, **changes, "max_model_len": 1})
+        plan = compute_plan(model, trial, gpus)
+        fit = plan.fits_instead()
+        steps.append({
+            "step": label,
+            "settings": {_ENV[k]: v for k, v in changes.items()},
+            "pool_bytes": fit["pool_bytes"],
+            "longest_sequence": fit["longest_sequence"],
+            "holds_max_model_len": fit["longest_sequence"] >= inputs.max_model_len,
+        })
+        longest = fit["longest_sequence"]
+        if longest >= inputs.max_model_len:
+            break
+    return steps

@@ -1,0 +1,172 @@
+"""The KV cache and the Gated DeltaNet state pool on one GPU (pure).
+
+KV, per full-attention layer, per token, per GPU: K and V for each local KV head, plus
+the per-token, per-head scales of the quantised formats. vLLM's `int8_per_token_head`
+keeps one fp32 scale per token and head for K and one for V, so at TP=2 with 4 KV heads:
+2 x 2 x (256 B + 4 B) = 1040 B per layer (1024 B of values: 16 layers -> 16 KiB/token).
+
+GDN state, per linear-attention layer, per sequence slot, per GPU (vLLM's
+`gated_delta_net_state_shape`):
+- recurrent: (value heads / TP) x key_head_dim x value_head_dim in the state dtype;
+- conv: (conv kernel - 1 + speculative tokens) x conv_dim / TP in fp16, where
+  conv_dim = 2 x key_dim + value_dim (q, k and v all go through the causal conv). vLLM keeps
+  one extra column per speculative token so a rejected draft can roll the conv back.
+
+Two layouts:
+- split pools (SM70_SPLIT_POOLS, our plugin): the state pool reserves
+  max_num_seqs x state_block_multiplier slots up front; the rest of the pool holds KV blocks
+  of `block_size` tokens (auto: 16).
+- unified (vLLM's hybrid allocator): one page size for both kinds; the attention block size
+  grows (auto: the smallest multiple of 16 tokens whose page holds a GDN state page) and
+  both kinds draw pages from one pool, layers grouped in groups of equal size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from sm70ctl.errors import Sm70Error
+from sm70ctl.plan.shapes import ceil_div
+
+# KV cache dtype -> (bytes per element, bytes of scale per token and head, for K or V)
+KV_DTYPES: dict[str, tuple[float, int]] = {
+    "auto": (2, 0),
+    "float16": (2, 0),
+    "fp16": (2, 0),
+    "bfloat16": (2, 0),
+    "fp8": (1, 0),
+    "fp8_e4m3": (1, 0),
+    "fp8_e5m2": (1, 0),
+    "int8_per_token_head": (1, 4),
+    "fp8_per_token_head": (1, 4),
+    "int4_per_token_head": (0.5, 2),
+}
+STATE_DTYPES = {"fp32": 4, "float32": 4, "int16": 2, "fp16": 2, "float16": 2}
+CONV_STATE_BYTES = 2  # the conv state stays in the model dtype (fp16 on V100)
+AUTO_BLOCK = 16
+
+
+def kv_bytes_per_token_layer(kv_heads_gpu: int, head_dim: int, kv_dtype: str) -> int:
+    if kv_dtype not in KV_DTYPES:
+        raise Sm70Error(
+            f"SM70_KV_CACHE_DTYPE={kv_dtype!r} is not planned",
+            hint=f"allowed: {', '.join(KV_DTYPES)}",
+        )
+    elem, scale = KV_DTYPES[kv_dtype]
+    return int(2 * kv_heads_gpu * (head_dim * elem + scale))
+
+
+@dataclass(frozen=True)
+class GdnPage:
+    recurrent: int
+    conv: int
+
+    @property
+    def total(self) -> int:
+        return self.recurrent + self.conv
+
+
+def gdn_page(value_heads_gpu: int, dk: int, dv: int, conv_dim_gpu: int, kernel: int,
+             spec_tokens: int, state_dtype: str) -> GdnPage:
+    if state_dtype not in STATE_DTYPES:
+        raise Sm70Error(
+            f"SM70_GDN_STATE_DTYPE={state_dtype!r} is not planned",
+            hint=f"allowed: {', '.join(STATE_DTYPES)}",
+        )
+    return GdnPage(
+        recurrent=value_heads_gpu * dk * dv * STATE_DTYPES[state_dtype],
+        conv=(kernel - 1 + spec_tokens) * conv_dim_gpu * CONV_STATE_BYTES,
+    )
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """How one GPU's pool bytes divide into GDN state and KV."""
+
+    mode: str  # "split" | "unified"
+    pool_bytes: int
+    block_size: int
+    attn_layers: int
+    gdn_layers: int
+    kv_bytes_per_token: int  # all attention layers on this GPU
+    state_bytes_per_slot: int  # all GDN layers on this GPU
+    slots_per_seq: int
+    slots: int
+    state_pool_bytes: int
+    kv_blocks: int
+    kv_pool_bytes: int  # bytes actually holding KV blocks
+    unused_bytes: int  # rounding left-over of the pool
+    page_bytes: int = 0  # unified: one page, per layer
+    layer_group: int = 0  # unified: layers per group
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens of KV the pool holds (the longest single sequence)."""
+        groups = self._attn_groups()
+        return (self.kv_blocks // groups) * self.block_size
+
+    @property
+    def block_bytes(self) -> int:
+        """Pool bytes one KV block costs (all attention layers on this GPU)."""
+        if self.mode == "unified":
+            return self.page_bytes * self.layer_group
+        return self.block_size * self.kv_bytes_per_token
+
+    @property
+    def kv_region(self) -> int:
+        return self.pool_bytes - self.state_pool_bytes
+
+    def _attn_groups(self) -> int:
+        if self.mode == "unified" and self.layer_group:
+            return ceil_div(self.attn_layers, self.layer_group)
+        return 1
+
+    def blocks_for(self, tokens: int) -> int:
+        return ceil_div(tokens, self.block_size) * self._attn_groups()
+
+    def concurrency(self, context: int, max_num_seqs: int) -> dict[str, int]:
+        """How many sequences of `context` tokens run at once, and what limits it."""
+        by_kv = self.kv_blocks // max(1, self.blocks_for(context))
+        by_state = self.slots // max(1, self.slots_per_seq)
+        return {
+            "context": context,
+            "by_kv": by_kv,
+            "by_state": by_state,
+            "by_max_num_seqs": max_num_seqs,
+            "sequences": min(by_kv, by_state, max_num_seqs),
+        }
+
+    def to_dict(self) -> dict[str, int | str]:
+        return {**asdict(self), "kv_tokens": self.kv_tokens}
+
+
+def layout_pool(pool_bytes: int, *, split: bool, block_size: int, attn_layers: int,
+                kv_layer_token: int, gdn_layers: int, gdn_page_bytes: int,
+                slots_per_seq: int, max_num_seqs: int) -> PoolLayout:
+    """Divide `pool_bytes` into the state pool and KV blocks (negative KV when short)."""
+    slots = max_num_seqs * slots_per_seq if gdn_layers else 0
+    kv_tok = attn_layers * kv_layer_token
+    slot_bytes = gdn_layers * gdn_page_bytes
+    if split or not gdn_layers or not attn_layers:
+        bs = block_size or AUTO_BLOCK
+        state = slots * slot_bytes
+        region = pool_bytes - state
+        block_bytes = bs * kv_tok
+        blocks = region // block_bytes if block_bytes else 0
+        used = max(blocks, 0) * block_bytes
+        return PoolLayout("split", pool_bytes, bs, attn_layers, gdn_layers, kv_tok, slot_bytes,
+                          slots_per_seq, slots, state, blocks, used, pool_bytes - state - used)
+    # unified: one page size per layer; layers in groups of `group`, one pool tensor per
+    # group position, so a page costs page_bytes x group across the pool
+    bs = block_size or AUTO_BLOCK * ceil_div(gdn_page_bytes, AUTO_BLOCK * kv_layer_token)
+    page = max(bs * kv_layer_token, gdn_page_bytes)
+    group = min(attn_layers, gdn_layers)
+    pages = pool_bytes // (page * group)
+    gdn_groups = ceil_div(gdn_layers, group)
+    state_pages = slots * gdn_groups
+    kv_pages = pages - state_pages
+    return PoolLayout("unified", pool_bytes, bs, attn_layers, gdn_layers,
+                      ceil_div(attn_layers, group) * group * kv_layer_token,
+                      gdn_groups * group * page, slots_per_seq, slots,
+                      state_pages * page * group, kv_pages, max(kv_pages, 0) * page * group,
+                      pool_bytes - pages * page * group, page, group)

@@ -1,0 +1,1 @@
+"""`sm70ctl serve`: pre-flight, launch and supervision of the vLLM OpenAI server."""

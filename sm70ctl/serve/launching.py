@@ -1,0 +1,93 @@
+"""From settings to the exact process serve starts (pure, on top of sm70ctl.launch).
+
+launch.py owns the flags and variables; this module only adds what depends on serve's
+own inputs: the device (`--device cpu` for the CPU test path), the resolved GPU indices
+and the warmed cache entry.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sm70ctl.launch import VLLM_ENTRYPOINT, vllm_argv, vllm_env
+from sm70ctl.warmup.manifest import cache_env
+
+DEVICES = ("cuda", "cpu")
+
+# Settings whose values only exist on the GPU build (or need our plugin, which needs a
+# GPU), with the CPU-compatible value to use instead.
+_CPU_RULES: tuple[tuple[str, str, object, str], ...] = (
+    ("SM70_QUANTIZATION", "quantization", "none", "GPTQ kernels need a GPU"),
+    ("SM70_KV_CACHE_DTYPE", "kv_cache_dtype", "auto", "the int8 KV cache needs a GPU"),
+    ("SM70_SPEC_METHOD", "spec_method", "none", "MTP draft heads need the GPU build"),
+    ("SM70_ATTENTION_BACKEND", "attention_backend", "TRITON_ATTN",
+     "SM70_PAGED is registered by our plugin, which needs a GPU (vLLM's CPU build uses "
+     "its own attention whatever this says, but argparse must know the name)"),
+    ("SM70_TENSOR_PARALLEL_SIZE", "tensor_parallel_size", 1, "the CPU path runs one process"),
+    ("SM70_PIPELINE_PARALLEL_SIZE", "pipeline_parallel_size", 1,
+     "the CPU path runs one process"),
+)
+
+
+def cpu_problems(settings: Any) -> list[str]:
+    """Why these settings cannot run on vLLM's CPU build; [] when they can."""
+    out = []
+    for name, attr, want, why in _CPU_RULES:
+        have = getattr(settings, attr)
+        if have != want:
+            out.append(f"{name}={have} cannot run on the CPU ({why}); use {want}")
+    return out
+
+
+def with_model_flag(argv: list[str]) -> list[str]:
+    """`python -m vllm.entrypoints.openai.api_server MODEL` ignores a positional MODEL (only
+    the `vllm serve` front end copies it into --model) and would serve vLLM's default
+    model, so pass it as `--model`. A no-op once launch.py emits --model itself."""
+    if (
+        len(argv) > 3
+        and argv[1:3] == ["-m", VLLM_ENTRYPOINT]
+        and not argv[3].startswith("-")
+        and "--model" not in argv
+    ):
+        return [*argv[:3], "--model", argv[3], *argv[4:]]
+    return list(argv)
+
+
+def server_argv(settings: Any) -> list[str]:
+    return with_model_flag(vllm_argv(settings))
+
+
+def managed_env(
+    settings: Any,
+    device: str,
+    cache_entry: Path,
+    gpu_indices: list[int] | None = None,
+    p2p_available: bool | None = None,
+) -> dict[str, str]:
+    """Every variable sm70ctl sets for the server: launch.py's, with the cache variables
+    pointed at the warmup's fingerprinted entry (launch keys its folder on settings
+    alone; ours adds sources, compiler and library versions)."""
+    env = vllm_env(
+        settings,
+        p2p_available=p2p_available,
+        gpu_indices=gpu_indices if device == "cuda" else None,
+    ) if device == "cuda" else _cpu_env(settings)
+    env.update(cache_env(cache_entry))
+    return env
+
+
+def _cpu_env(settings: Any) -> dict[str, str]:
+    env = vllm_env(settings, gpu_indices=list(range(len(settings.gpus))))
+    # No GPU may be picked up by accident on a machine that has one.
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def base_url(settings: Any) -> str:
+    host = settings.host
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"

@@ -1,0 +1,136 @@
+"""Exclusive file locks (flock) that name their holder: the per-port serve lock, and the
+warmup lock.
+
+flock is released by the kernel when the holding process dies, however it dies, so a
+crashed supervisor never leaves a stale lock behind. The file itself is never removed
+(removing it would let two processes lock two different inodes of the same name); the
+holder writes its pid and purpose into it so a refused caller can say who holds it. The
+descriptor is not inheritable, so the vLLM child never keeps the lock alive after us.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from sm70ctl.errors import Sm70Error
+
+
+class LockHeldError(Sm70Error):
+    """Another live process holds the lock."""
+
+    def __init__(self, message: str, *, holder: dict | None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.holder = holder or {}
+
+
+@dataclass
+class Holder:
+    pid: int | None
+    info: dict
+
+
+def port_lock_path(lock_dir: Path, port: int) -> Path:
+    return Path(lock_dir).expanduser() / f"serve-port-{port}.lock"
+
+
+def _read_holder(path: Path) -> dict:
+    try:
+        text = path.read_text()
+        data = json.loads(text) if text.strip() else {}
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+class FileLock:
+    """A non-blocking exclusive flock on `path`, held until `release()` (or process exit)."""
+
+    def __init__(
+        self, path: Path, purpose: str, alternative: str = "lock folder", **info: object
+    ) -> None:
+        self.path = Path(path)
+        self.purpose = purpose
+        self.alternative = alternative
+        self.info = info
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> FileLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = _read_holder(self.path)
+            pid = holder.get("pid", "unknown")
+            what = holder.get("purpose", "another sm70ctl process")
+            raise LockHeldError(
+                f"{self.purpose}: refused, pid {pid} ({what}) holds the lock {self.path}",
+                holder=holder,
+                hint=f"stop pid {pid} first (or use another {self.alternative})",
+            ) from None
+        record = {"pid": os.getpid(), "purpose": self.purpose, "since": time.time(), **self.info}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    def __enter__(self) -> FileLock:
+        return self.acquire()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def port_lock(lock_dir: Path, port: int, host: str) -> FileLock:
+    return FileLock(port_lock_path(lock_dir, port), f"sm70ctl serve on port {port}",
+                    alternative="SM70_PORT", port=port, host=host)
+
+
+def probe_holder(path: Path) -> Holder | None:
+    """Who holds the lock at `path` right now (None: free). Takes and drops a shared lock,
+    so it never blocks and never disturbs a holder."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        info = _read_holder(path)
+        pid = info.get("pid")
+        return Holder(pid=pid if isinstance(pid, int) else None, info=info)
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

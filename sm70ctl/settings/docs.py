@@ -1,0 +1,120 @@
+"""docs/env.md, generated from the schema (`sm70ctl env docs`; a test fails when stale)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from sm70ctl.settings.model import allowed_text
+from sm70ctl.settings.rules import rules_table
+from sm70ctl.settings.schema import Schema, VarSpec, load_schema
+
+DOCS_PATH = Path("docs") / "env.md"
+
+_INTRO = """\
+# SM70_* settings reference
+
+Generated from `env_schema.yaml` by `sm70ctl env docs`; do not edit by hand (a test fails
+when this file is stale).
+
+sm70ctl reads its configuration from `SM70_*` environment variables, optionally from a
+`.env` file (`--env-file`; the environment wins over the file). Every value is checked
+against its type and range and against the cross-field rules below; all problems are
+reported at once (`sm70ctl env check`). Unknown `SM70_*` names are errors with a
+did-you-mean suggestion.
+
+- `sm70ctl env list [--category C]`: every variable, its default and summary.
+- `sm70ctl env explain NAME`: one variable in full, with the place it takes effect.
+- `sm70ctl env show`: effective values and where each came from (secrets as `***`).
+- `sm70ctl env check [--env-file F]`: validate; exit 1 with a table of problems.
+
+Value syntax: booleans `true/false` (also `1/0`, `yes/no`, `on/off`); byte sizes as a
+byte count or with a unit (`512MiB`, `9.9GiB`, `32GB`); durations with `ms`, `s`, `m`,
+`h` (a bare number is seconds); lists comma-separated. An empty value is an error unless
+the variable says "empty for none". Variables marked *compile key* change compiled
+kernels: they form the compile-cache fingerprint, so changing one starts a fresh cache.
+
+Where a value takes effect (consumer kinds): `vllm_flag` a vLLM command-line flag,
+`vllm_env` an environment variable of the vLLM process, `plugin` a field of the plugin
+configuration (`SM70_PLUGIN_CONFIG`), `kernel` the compile-cache key, `plan` the memory
+plan, `supervisor` serve's supervisor, `doctor` the doctor checks, `build` the build,
+`weights` weights fetch/verify.
+
+The schema lives in `env_schema.yaml` at the repository root; the package ships an
+identical copy as `sm70ctl/data/env_schema.yaml` (what an installed sm70ctl reads; a test
+fails when the two differ). After editing the schema: copy it there, then run
+`sm70ctl env docs`. Count the variables with:
+`sm70ctl env list --json | python -c "import json,sys; print(len(json.load(sys.stdin)))"`.
+
+In code: `from sm70ctl.settings import load_settings`; attributes are the names
+lower-cased without `SM70_`; byte sizes are ints, durations float seconds, lists Python
+lists, empty optional paths `None`, secrets `pydantic.SecretStr` (or `None`).
+`sm70ctl.launch` turns settings into the vLLM argv, environment and plugin configuration;
+`sm70ctl.settings.consumers` into the plan, build, supervisor, doctor and weights inputs.
+"""
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def consumers_text(spec: VarSpec) -> str:
+    return "; ".join(f"{c.kind}: `{c.target}`" for c in spec.consumers)
+
+
+def _default(spec: VarSpec) -> str:
+    if spec.secret:
+        return "(secret, empty)"
+    return f"`{spec.default}`" if spec.default else "(empty)"
+
+
+def render(schema: Schema | None = None) -> str:
+    schema = schema or load_schema()
+    out = [_INTRO]
+    out.append(f"{len(schema.variables)} variables in {len(schema.categories)} categories.\n")
+    out.append("## Contents\n")
+    for key, cat in schema.categories.items():
+        count = sum(1 for v in schema.variables if v.category == key)
+        out.append(f"- [{cat.title}](#{_anchor(cat.title)}) ({count}): {cat.summary}")
+    out.append("")
+    for key, cat in schema.categories.items():
+        out.append(f"## {cat.title}\n\n{cat.summary}\n")
+        out.append("| variable | type | default | allowed | takes effect in | summary |")
+        out.append("|---|---|---|---|---|---|")
+        for v in (v for v in schema.variables if v.category == key):
+            flags = [f for f, on in (("secret", v.secret), ("compile key", v.compile_key)) if on]
+            kind = v.type + (f" ({v.unit})" if v.unit else "")
+            summary = v.summary + (f" *{', '.join(flags)}*" if flags else "")
+            out.append(
+                f"| `{v.name}` | {kind} | {_cell(_default(v))} | {_cell(allowed_text(v))} | "
+                f"{_cell(consumers_text(v))} | {_cell(summary)} |"
+            )
+        out.append("")
+        for v in (v for v in schema.variables if v.category == key):
+            out.append(f"- **`{v.name}`**: {v.help}")
+        out.append("")
+    out.append("## Cross-field rules\n")
+    out.append("| rule | refused when |")
+    out.append("|---|---|")
+    out.extend(f"| {rid} | {_cell(when)} |" for rid, when in rules_table())
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _anchor(title: str) -> str:
+    keep = "".join(ch for ch in title.lower() if ch.isalnum() or ch in " -")
+    return keep.replace(" ", "-")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file in the same folder, then rename over the target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,227 @@
+"""Cross-field rules: combinations of settings that are refused, each with its reason.
+
+Pure functions of a validated Settings object. Every rule that is broken is reported
+(never just the first); each `Problem` names the variable to change, the related ones, the
+rule, and what would be accepted. Most rules come from failures met on the reference
+deployment (see FACTS.md).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from typing import Any
+
+from sm70ctl.settings.problems import Problem
+
+GIB = 1024**3
+# The coarse per-card bound; the memory plan does the exact check against real numbers.
+V100_MEMORY_BYTES = 32 * GIB
+
+Rule = Callable[[Any], "Problem | None"]
+RULES: list[tuple[str, Rule]] = []
+
+
+def rule(rule_id: str) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        RULES.append((rule_id, fn))
+        return fn
+
+    return register
+
+
+def _p(variable: str, value: object, rule_text: str, allowed: str, *related: str) -> Problem:
+    return Problem(
+        variable=variable, value=str(value), rule=rule_text, allowed=allowed, related=related
+    )
+
+
+def _graphs_on(s: Any) -> bool:
+    return s.cudagraph_mode != "none" and not s.enforce_eager
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@rule("spec-draft-graph-size")
+def _spec_graph(s: Any) -> Problem | None:
+    """Refused: Speculative decoding with CUDA graphs on and `SM70_SPEC_TOKENS` + 1 not in
+    `SM70_CUDAGRAPH_SIZES`.
+    """
+    if s.spec_method == "none" or not _graphs_on(s):
+        return None
+    need = s.spec_tokens + 1
+    if need not in s.cudagraph_sizes:
+        sizes = ",".join(str(x) for x in s.cudagraph_sizes)
+        return _p(
+            "SM70_SPEC_TOKENS", s.spec_tokens,
+            f"draft length + 1 = {need} must be a captured CUDA-graph size "
+            f"(SM70_CUDAGRAPH_SIZES={sizes}); otherwise verification steps run eagerly",
+            f"add {need} to SM70_CUDAGRAPH_SIZES, or pick a draft length whose k+1 is listed",
+            "SM70_CUDAGRAPH_SIZES",
+        )
+    return None
+
+
+@rule("clef-max-model-len")
+def _clef_len(s: Any) -> Problem | None:
+    """Refused: `SM70_CLEF` on and `SM70_CLEF_MAX_MODEL_LEN` > `SM70_MAX_MODEL_LEN`."""
+    if s.clef and s.clef_max_model_len > s.max_model_len:
+        return _p("SM70_CLEF_MAX_MODEL_LEN", s.clef_max_model_len,
+                  "Clef context longer than SM70_MAX_MODEL_LEN",
+                  f"<= SM70_MAX_MODEL_LEN ({s.max_model_len})", "SM70_MAX_MODEL_LEN")
+    return None
+
+
+@rule("gpu-count")
+def _gpu_count(s: Any) -> Problem | None:
+    """Refused: The number of `SM70_GPUS` differs from `SM70_TENSOR_PARALLEL_SIZE` x
+    `SM70_PIPELINE_PARALLEL_SIZE`.
+    """
+    want = s.tensor_parallel_size * s.pipeline_parallel_size
+    if want != len(s.gpus):
+        return _p(
+            "SM70_GPUS", ",".join(s.gpus),
+            f"lists {len(s.gpus)} GPU(s) but tensor x pipeline parallel size = "
+            f"{s.tensor_parallel_size} x {s.pipeline_parallel_size} = {want}",
+            f"exactly {want} GPUs, or change SM70_TENSOR_PARALLEL_SIZE / "
+            "SM70_PIPELINE_PARALLEL_SIZE",
+            "SM70_TENSOR_PARALLEL_SIZE", "SM70_PIPELINE_PARALLEL_SIZE",
+        )
+    return None
+
+
+@rule("prefill-chunk")
+def _prefill_chunk(s: Any) -> Problem | None:
+    """Refused: `SM70_PREFILL_CHUNK` > `SM70_MAX_NUM_BATCHED_TOKENS`."""
+    if s.prefill_chunk > s.max_num_batched_tokens:
+        return _p("SM70_PREFILL_CHUNK", s.prefill_chunk,
+                  "prefill chunk larger than one scheduler step",
+                  f"<= SM70_MAX_NUM_BATCHED_TOKENS ({s.max_num_batched_tokens})",
+                  "SM70_MAX_NUM_BATCHED_TOKENS")
+    return None
+
+
+@rule("prompt-logprobs-chunk")
+def _logprobs_chunk(s: Any) -> Problem | None:
+    """Refused: `SM70_PROMPT_LOGPROBS_CHUNK` > `SM70_MAX_NUM_BATCHED_TOKENS`."""
+    if s.prompt_logprobs_chunk > s.max_num_batched_tokens:
+        return _p("SM70_PROMPT_LOGPROBS_CHUNK", s.prompt_logprobs_chunk,
+                  "prompt-logprobs slice larger than one scheduler step",
+                  f"<= SM70_MAX_NUM_BATCHED_TOKENS ({s.max_num_batched_tokens})",
+                  "SM70_MAX_NUM_BATCHED_TOKENS")
+    return None
+
+
+@rule("kv-fits-gpu")
+def _kv_fits(s: Any) -> Problem | None:
+    """Refused: `SM70_KV_CACHE_BYTES` >= 32 GiB x `SM70_GPU_MEMORY_UTILIZATION` (coarse; the plan is
+    exact).
+    """
+    budget = int(V100_MEMORY_BYTES * s.gpu_memory_utilization)
+    if s.kv_cache_bytes >= budget:
+        return _p(
+            "SM70_KV_CACHE_BYTES", s.kv_cache_bytes,
+            f"KV pool does not fit a 32 GiB V100 at utilization {s.gpu_memory_utilization} "
+            "(coarse check; `sm70ctl plan` does the exact one)",
+            f"< {budget} bytes ({budget / GIB:.2f} GiB)", "SM70_GPU_MEMORY_UTILIZATION",
+        )
+    return None
+
+
+@rule("int12-needs-tp")
+def _int12_tp(s: Any) -> Problem | None:
+    """Refused: `SM70_ALLREDUCE_MODE=int12` with `SM70_TENSOR_PARALLEL_SIZE=1`."""
+    if s.allreduce_mode == "int12" and s.tensor_parallel_size < 2:
+        return _p("SM70_ALLREDUCE_MODE", s.allreduce_mode,
+                  "the 12-bit all-reduce exchange needs tensor parallelism (TP > 1)",
+                  "auto or fp16 with SM70_TENSOR_PARALLEL_SIZE=1",
+                  "SM70_TENSOR_PARALLEL_SIZE")
+    return None
+
+
+@rule("mamba-align-spec-prefix")
+def _mamba_align(s: Any) -> Problem | None:
+    """Refused: `SM70_MAMBA_CACHE_MODE=align` with speculative decoding and prefix caching (silently
+    corrupted output in the reference).
+    """
+    if s.mamba_cache_mode == "align" and s.spec_method != "none" and s.enable_prefix_caching:
+        return _p(
+            "SM70_MAMBA_CACHE_MODE", s.mamba_cache_mode,
+            "mamba cache mode `align` with speculative decoding and prefix caching silently "
+            "corrupted output in the reference",
+            "all (or turn off SM70_SPEC_METHOD or SM70_ENABLE_PREFIX_CACHING)",
+            "SM70_SPEC_METHOD", "SM70_ENABLE_PREFIX_CACHING",
+        )
+    return None
+
+
+@rule("async-scheduling-spec")
+def _async_spec(s: Any) -> Problem | None:
+    """Refused: `SM70_ASYNC_SCHEDULING=true` with speculative decoding (truncated generations in the
+    reference).
+    """
+    if s.async_scheduling and s.spec_method != "none":
+        return _p("SM70_ASYNC_SCHEDULING", "true",
+                  "async scheduling with speculative decoding truncated generations in "
+                  "the reference", "false while SM70_SPEC_METHOD is set",
+                  "SM70_SPEC_METHOD")
+    return None
+
+
+@rule("custom-allreduce-full-graphs")
+def _custom_ar(s: Any) -> Problem | None:
+    """Refused: `SM70_CUSTOM_ALLREDUCE=true` with a `full*` CUDA-graph mode (the IPC
+    all-reduce breaks under full graphs).
+    """
+    if s.custom_allreduce and s.cudagraph_mode.startswith("full") and not s.enforce_eager:
+        return _p("SM70_CUSTOM_ALLREDUCE", "true",
+                  "vLLM's custom IPC all-reduce breaks under full CUDA graphs",
+                  "false, or SM70_CUDAGRAPH_MODE=piecewise/none", "SM70_CUDAGRAPH_MODE")
+    return None
+
+
+@rule("public-host-needs-key")
+def _host_key(s: Any) -> Problem | None:
+    """Refused: `SM70_HOST` is not a loopback address and `SM70_API_KEY` is empty."""
+    if not is_loopback(s.host) and s.api_key is None:
+        return _p("SM70_HOST", s.host,
+                  "a non-loopback address exposes the API and requires SM70_API_KEY",
+                  "127.0.0.1/::1/localhost, or set SM70_API_KEY", "SM70_API_KEY")
+    return None
+
+
+@rule("ngram-range")
+def _ngram(s: Any) -> Problem | None:
+    """Refused: `SM70_NGRAM_MIN` > `SM70_NGRAM_MAX`."""
+    if s.ngram_min > s.ngram_max:
+        return _p("SM70_NGRAM_MIN", s.ngram_min, "shortest n-gram longer than the longest",
+                  f"<= SM70_NGRAM_MAX ({s.ngram_max})", "SM70_NGRAM_MAX")
+    return None
+
+
+def rules_table() -> list[tuple[str, str]]:
+    """(rule id, when it refuses) for the docs."""
+    return [
+        (rid, " ".join((fn.__doc__ or "").removeprefix("Refused: ").split())) for rid, fn in RULES
+    ]
+
+
+def check_rules(settings: Any, skip: frozenset[str] = frozenset()) -> list[Problem]:
+    """Every broken cross-field rule; rules touching a variable in `skip` are left out
+    (those variables already failed on their own and hold their defaults here)."""
+    problems = []
+    for _rule_id, fn in RULES:
+        problem = fn(settings)
+        if problem is None:
+            continue
+        if skip & {problem.variable, *problem.related}:
+            continue
+        problems.append(problem)
+    return problems

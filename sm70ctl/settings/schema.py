@@ -1,0 +1,212 @@
+"""Load env_schema.yaml into typed, immutable specs (parsed once per process).
+
+The packaged copy at sm70ctl/data/env_schema.yaml is what runs (it works for editable and
+wheel installs alike); the repository root keeps the canonical env_schema.yaml and a test
+fails when the two differ.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sm70ctl.errors import Sm70Error
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "data" / "env_schema.yaml"
+PREFIX = "SM70_"
+
+TYPES = ("bool", "int", "float", "bytes", "duration", "enum", "path", "string", "list")
+CONSUMER_KINDS = (
+    "vllm_flag",
+    "vllm_env",
+    "plugin",
+    "kernel",
+    "build",
+    "plan",
+    "supervisor",
+    "doctor",
+    "weights",
+)
+# SM70_* names that are not settings: set by sm70ctl itself for the processes it starts.
+RESERVED_NAMES = frozenset({"SM70_PLUGIN_CONFIG"})
+
+_REQUIRED = ("name", "category", "type", "default", "summary", "help", "consumers")
+_OPTIONAL = (
+    "unit",
+    "min",
+    "max",
+    "multiple_of",
+    "choices",
+    "pattern",
+    "item",
+    "item_pattern",
+    "min_items",
+    "max_items",
+    "unique",
+    "nullable",
+    "secret",
+    "compile_key",
+    "example",
+    "example_with",
+    "rule",
+)
+
+
+@dataclass(frozen=True)
+class Consumer:
+    kind: str
+    target: str
+
+
+@dataclass(frozen=True)
+class Category:
+    key: str
+    title: str
+    summary: str
+
+
+@dataclass(frozen=True)
+class VarSpec:
+    """One SM70_* variable. Defaults and examples are kept in their environment spelling."""
+
+    name: str
+    category: str
+    type: str
+    default: str
+    summary: str
+    help: str
+    consumers: tuple[Consumer, ...]
+    unit: str | None = None
+    min: str | None = None
+    max: str | None = None
+    multiple_of: int | None = None
+    choices: tuple[str, ...] | None = None
+    pattern: str | None = None
+    item: str | None = None
+    item_pattern: str | None = None
+    min_items: int | None = None
+    max_items: int | None = None
+    unique: bool = False
+    nullable: bool = False
+    secret: bool = False
+    compile_key: bool = False
+    example: str | None = None
+    example_with: dict[str, str] = field(default_factory=dict)
+    rule: str | None = None
+
+    @property
+    def attr(self) -> str:
+        """The Settings attribute: the name lower-cased without the prefix."""
+        return self.name[len(PREFIX) :].lower()
+
+    @property
+    def consumer_kinds(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(c.kind for c in self.consumers))
+
+
+@dataclass(frozen=True)
+class Schema:
+    version: int
+    categories: dict[str, Category]
+    variables: tuple[VarSpec, ...]
+
+    @functools.cached_property
+    def by_name(self) -> dict[str, VarSpec]:
+        return {v.name: v for v in self.variables}
+
+    @functools.cached_property
+    def by_attr(self) -> dict[str, VarSpec]:
+        return {v.attr: v for v in self.variables}
+
+    def get(self, name: str) -> VarSpec | None:
+        """Look a variable up by its name, with or without the prefix, any case."""
+        key = name.strip().upper()
+        if not key.startswith(PREFIX):
+            key = PREFIX + key
+        return self.by_name.get(key)
+
+
+def env_text(value: Any) -> str:
+    """How a YAML scalar is spelled in an environment variable."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return ",".join(env_text(v) for v in value)
+    return str(value)
+
+
+def _bad(msg: str) -> Sm70Error:
+    return Sm70Error(f"env schema {SCHEMA_PATH}: {msg}", hint="fix env_schema.yaml")
+
+
+def _var(raw: dict[str, Any], categories: dict[str, Category]) -> VarSpec:
+    name = raw.get("name", "?")
+    missing = [k for k in _REQUIRED if k not in raw]
+    unknown = sorted(set(raw) - set(_REQUIRED) - set(_OPTIONAL))
+    if missing or unknown:
+        raise _bad(f"{name}: missing keys {missing}, unknown keys {unknown}")
+    if not str(name).startswith(PREFIX):
+        raise _bad(f"{name}: names start with {PREFIX}")
+    if raw["type"] not in TYPES:
+        raise _bad(f"{name}: type {raw['type']!r} is not one of {TYPES}")
+    if raw["category"] not in categories:
+        raise _bad(f"{name}: category {raw['category']!r} is not declared")
+    consumers = []
+    for c in raw["consumers"]:
+        if c.get("kind") not in CONSUMER_KINDS or not c.get("target"):
+            raise _bad(f"{name}: bad consumer {c!r}")
+        consumers.append(Consumer(kind=c["kind"], target=str(c["target"])))
+    if not consumers:
+        raise _bad(f"{name}: a variable needs at least one consumer")
+    if raw["type"] == "enum" and not raw.get("choices"):
+        raise _bad(f"{name}: an enum needs choices")
+    opt = {k: raw[k] for k in _OPTIONAL if k in raw}
+    for key in ("min", "max", "example"):
+        if key in opt:
+            opt[key] = env_text(opt[key])
+    if "choices" in opt:
+        opt["choices"] = tuple(env_text(c) for c in opt["choices"])
+    if "example_with" in opt:
+        opt["example_with"] = {str(k): env_text(v) for k, v in opt["example_with"].items()}
+    return VarSpec(
+        name=str(name),
+        category=str(raw["category"]),
+        type=str(raw["type"]),
+        default=env_text(raw["default"]),
+        summary=" ".join(str(raw["summary"]).split()),
+        help=" ".join(str(raw["help"]).split()),
+        consumers=tuple(consumers),
+        **opt,
+    )
+
+
+def parse_schema(doc: dict[str, Any]) -> Schema:
+    categories = {
+        key: Category(key=key, title=str(c["title"]), summary=str(c["summary"]))
+        for key, c in doc["categories"].items()
+    }
+    variables = tuple(_var(raw, categories) for raw in doc["variables"])
+    names = [v.name for v in variables]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise _bad(f"duplicate names {dupes}")
+    return Schema(version=int(doc["version"]), categories=categories, variables=variables)
+
+
+@functools.lru_cache(maxsize=4)
+def load_schema(path: Path = SCHEMA_PATH) -> Schema:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise Sm70Error(
+            f"cannot read the env schema {path}: {exc.strerror}",
+            hint="reinstall sm70ctl (the schema ships inside the package)",
+        ) from None
+    return parse_schema(yaml.load(text, Loader=loader))

@@ -1,0 +1,330 @@
+"""The warmup itself: build our kernels and let vLLM compile, into a temporary folder that is
+renamed into place, then start vLLM again in a fresh process and check nothing recompiles.
+
+Everything heavy runs in the serving interpreter (torch, vLLM, nvcc): this process never
+imports torch. Steps that need hardware this machine lacks are recorded as skipped with
+the reason, and the manifest then says cold: a cache is never marked warm on faith.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from sm70ctl.warmup.fingerprint import REPO_ROOT, fingerprint, probe_components
+from sm70ctl.warmup.manifest import (
+    DONE,
+    FAILED,
+    NOT_NEEDED,
+    SKIPPED,
+    Manifest,
+    Step,
+    entry_dir,
+    read_manifest,
+    write_manifest,
+)
+
+# Where compiled artefacts land inside an entry; files appearing here during the fresh-process
+# check mean something was compiled again.
+COMPILED_SUBPATHS = ("vllm/torch_compile_cache", "inductor", "triton", "kernels")
+
+_KERNELS_SCRIPT = "from sm70ctl.kernels.loader import load_extension; load_extension(verbose=True)"
+
+
+# --- pure decisions ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Capabilities:
+    """What this machine can do for a warmup (probed)."""
+
+    device: str
+    gpus_visible: int  # GPUs NVML sees (0 without a driver)
+    gpus_needed: int
+    nvml_error: str | None = None
+    serve_python_ok: bool = True
+    model_ok: bool = True
+    enforce_eager: bool = False
+
+
+def plan_steps(c: Capabilities) -> dict[str, tuple[str, str]]:
+    """Step name -> (status to aim for, reason). Pure; the runner then tries the 'run' ones.
+    Status 'run' means the step will be attempted."""
+    steps: dict[str, tuple[str, str]] = {}
+    blockers = []
+    if not c.serve_python_ok:
+        blockers.append("SM70_SERVE_PYTHON is not an executable (run `sm70ctl build`)")
+    if not c.model_ok:
+        blockers.append("SM70_MODEL_DIR has no config.json (run `sm70ctl weights fetch`)")
+    if c.device == "cpu":
+        steps["kernels"] = (NOT_NEEDED, "our kernels are CUDA-only; the CPU build never loads them")
+    elif c.gpus_visible < c.gpus_needed:
+        why = c.nvml_error or f"{c.gpus_visible} visible, {c.gpus_needed} needed"
+        steps["kernels"] = (SKIPPED, f"no V100 here ({why}): building our kernels for sm_70 "
+                                     "needs the GPU machine's nvcc 12.8 and CUDA torch")
+    elif not c.serve_python_ok:
+        steps["kernels"] = (SKIPPED, blockers[0])
+    else:
+        steps["kernels"] = ("run", "torch extension for TORCH_CUDA_ARCH_LIST")
+    if c.enforce_eager:
+        steps["vllm"] = (NOT_NEEDED, "SM70_ENFORCE_EAGER=true: vLLM compiles nothing")
+        steps["verify"] = (NOT_NEEDED, "nothing compiled")
+        return steps
+    if c.device == "cuda" and c.gpus_visible < c.gpus_needed:
+        why = c.nvml_error or f"{c.gpus_visible} visible, {c.gpus_needed} needed"
+        steps["vllm"] = (SKIPPED, f"no V100 here ({why}): vLLM's torch.compile and CUDA-graph "
+                                  "warmup must run on the serving GPUs")
+    elif blockers:
+        steps["vllm"] = (SKIPPED, "; ".join(blockers))
+    else:
+        steps["vllm"] = ("run", "start vLLM once to fill its torch.compile cache")
+    steps["verify"] = (("run", "fresh process, no new compiled files")
+                       if steps["vllm"][0] == "run" else (SKIPPED, "vllm step did not run"))
+    return steps
+
+
+def is_warm(steps: list[Step]) -> bool:
+    return bool(steps) and all(s.status in (DONE, NOT_NEEDED) for s in steps)
+
+
+def new_files(before: set[str], after: set[str]) -> list[str]:
+    return sorted(after - before)
+
+
+# --- edges ------------------------------------------------------------------------------
+def compiled_files(entry: Path) -> set[str]:
+    out = set()
+    for sub in COMPILED_SUBPATHS:
+        root = Path(entry) / sub
+        if root.is_dir():
+            out.update(p.relative_to(entry).as_posix() for p in root.rglob("*") if p.is_file())
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Reporter:
+    """Progress callbacks (the command draws bars; tests pass nothing)."""
+
+    step_started: Callable[[str, str], None] = lambda name, what: None
+    step_tick: Callable[[str, float, str], None] = lambda name, elapsed, last: None
+    step_done: Callable[[Step], None] = lambda step: None
+    note: Callable[[str], None] = lambda msg: None
+
+
+@dataclass
+class RunContext:
+    settings: Any
+    device: str
+    environ: Mapping[str, str]
+    reporter: Reporter = field(default_factory=Reporter)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+def _run_kernels(ctx: RunContext, folder: Path) -> Step:
+    s = ctx.settings
+    env = dict(ctx.environ)
+    env.update({
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep),
+        "SM70_KERNELS_BUILD_DIR": str(folder / "kernels"),
+        "TORCH_CUDA_ARCH_LIST": s.cuda_arch_list,
+    })
+    if s.cuda_home:
+        env["CUDA_HOME"] = str(s.cuda_home)
+    start = time.monotonic()
+    try:
+        proc = subprocess.run([str(s.serve_python), "-c", _KERNELS_SCRIPT], env=env,
+                              capture_output=True, text=True, timeout=3600, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Step("kernels", FAILED, str(exc), time.monotonic() - start)
+    took = time.monotonic() - start
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return Step("kernels", FAILED, " | ".join(tail), took)
+    return Step("kernels", DONE, f"built into {folder / 'kernels'}", took)
+
+
+def _run_vllm(ctx: RunContext, folder: Path, name: str) -> Step:
+    """Start vLLM with the caches pointed at `folder`, wait until ready, ask for one
+    completion, stop it."""
+    from sm70ctl.serve.environment import child_env
+    from sm70ctl.serve.launching import base_url, managed_env, server_argv
+    from sm70ctl.serve.supervisor import ServerFailed, ServerLog, ServerProcess, ServerSpec
+    from sm70ctl.serve.supervisor import wait_ready as wait
+
+    s = ctx.settings
+    port = free_port()
+    local = _with(s, host="127.0.0.1", port=port)
+    managed = managed_env(local, ctx.device, folder, _indices(local, ctx.device))
+    spec = ServerSpec(
+        argv=server_argv(local),
+        env=child_env(ctx.environ, managed),
+        base_url=base_url(local),
+        api_key=s.api_key.get_secret_value() if s.api_key else None,
+        startup_timeout=float(s.startup_timeout),
+        shutdown_grace=float(s.shutdown_grace),
+    )
+    log_path = Path(s.log_dir).expanduser() / f"warmup-{name}.log"
+    log = ServerLog(log_path, s.log_max_bytes, s.log_backups)
+    server = ServerProcess(spec, log)
+    start = time.monotonic()
+    try:
+        server.start()
+        took = wait(server, ctx.stop,
+                    lambda el, last: ctx.reporter.step_tick(name, el, last))
+        if took < 0:
+            raise KeyboardInterrupt
+        _one_completion(spec, s.served_model_name)
+        return Step(name, DONE, f"ready after {took:.0f}s (log {log_path})",
+                    time.monotonic() - start)
+    except ServerFailed as exc:
+        return Step(name, FAILED, exc.message.splitlines()[0] + f" (log {log_path})",
+                    time.monotonic() - start)
+    finally:
+        server.stop(spec.shutdown_grace)
+        log.close()
+
+
+def _one_completion(spec: Any, model: str) -> None:
+    import json
+    import urllib.request
+
+    body = json.dumps({"model": model, "prompt": "warm", "max_tokens": 4}).encode()
+    req = urllib.request.Request(spec.base_url + "/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    if spec.api_key:
+        req.add_header("Authorization", f"Bearer {spec.api_key}")
+    with contextlib.suppress(OSError):
+        urllib.request.urlopen(req, timeout=120).read()
+
+
+def _with(settings: Any, **changes: Any) -> Any:
+    if hasattr(settings, "model_copy"):
+        return settings.model_copy(update=changes)
+    return replace(settings, **changes)
+
+
+def _indices(settings: Any, device: str) -> list[int] | None:
+    if device != "cuda":
+        return None
+    from sm70ctl.serve.preflight import resolve_gpu_entries
+    from sm70ctl.serve.probes import probe_gpus
+
+    gpus, err = probe_gpus(settings)
+    if err:
+        return None
+    idx, problems = resolve_gpu_entries(settings.gpus, gpus)
+    return None if problems else idx
+
+
+def capabilities(settings: Any, device: str) -> Capabilities:
+    from sm70ctl.serve.probes import probe_executable, probe_gpus, probe_model_dir
+
+    needed = settings.tensor_parallel_size * settings.pipeline_parallel_size
+    visible, err = 0, None
+    if device == "cuda":
+        gpus, err = probe_gpus(settings)
+        visible = len(gpus)
+    model = probe_model_dir(settings.model_dir)
+    return Capabilities(
+        device=device, gpus_visible=visible, gpus_needed=needed, nvml_error=err,
+        serve_python_ok=probe_executable(settings.serve_python),
+        model_ok=model.config is not None, enforce_eager=bool(settings.enforce_eager),
+    )
+
+
+def _clear_stale(cache_dir: Path) -> None:
+    """Remove temporary folders of interrupted runs (we hold the warmup lock)."""
+    for child in cache_dir.glob(".tmp-*"):
+        shutil.rmtree(child, ignore_errors=True)
+    for child in cache_dir.glob(".old-*"):
+        shutil.rmtree(child, ignore_errors=True)
+
+
+def _install(tmp: Path, entry: Path) -> None:
+    """Rename the finished folder into place (atomic on one filesystem)."""
+    if entry.exists():
+        old = entry.with_name(f".old-{entry.name}-{os.getpid()}")
+        os.replace(entry, old)
+        os.replace(tmp, entry)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, entry)
+
+
+def run_warmup(ctx: RunContext, *, force: bool = False) -> Manifest:
+    """The whole warmup under the warmup lock; returns the manifest it wrote."""
+    from sm70ctl.serve.lock import FileLock
+
+    s = ctx.settings
+    cache_dir = Path(s.cache_dir).expanduser()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(cache_dir / ".warmup.lock", "sm70ctl warmup", alternative="SM70_CACHE_DIR"):
+        comps = probe_components(s, ctx.device)
+        fp = fingerprint(comps)
+        entry = entry_dir(cache_dir, fp)
+        existing = read_manifest(entry)
+        if existing is not None and existing.warm and not force:
+            ctx.reporter.note(f"already warm: {entry}")
+            return existing
+        _clear_stale(cache_dir)
+        plan = plan_steps(capabilities(s, ctx.device))
+        tmp = cache_dir / f".tmp-{fp}-{os.getpid()}"
+        tmp.mkdir()
+        for sub in ("vllm", "triton", "inductor", "kernels"):
+            (tmp / sub).mkdir()
+        steps: list[Step] = []
+        try:
+            for name in ("kernels", "vllm"):
+                status, why = plan[name]
+                if status != "run":
+                    step = Step(name, status, why)
+                else:
+                    ctx.reporter.step_started(name, why)
+                    step = _run_kernels(ctx, tmp) if name == "kernels" else _run_vllm(
+                        ctx, tmp, "vllm")
+                steps.append(step)
+                ctx.reporter.step_done(step)
+                if ctx.stop.is_set():
+                    raise KeyboardInterrupt
+            _install(tmp, entry)
+        finally:
+            if tmp.exists():  # interrupted or failed before the rename: leave nothing half-built
+                shutil.rmtree(tmp, ignore_errors=True)
+        status, why = plan["verify"]
+        if status == "run" and is_warm(steps):
+            ctx.reporter.step_started("verify", why)
+            before = compiled_files(entry)
+            step = _run_vllm(ctx, entry, "verify")
+            if step.status == DONE:
+                grown = new_files(before, compiled_files(entry))
+                if grown:
+                    step = Step("verify", FAILED,
+                                f"recompiled in a fresh process: {len(grown)} new files "
+                                f"(e.g. {grown[0]})", step.seconds)
+                else:
+                    step = Step("verify", DONE, f"fresh process compiled nothing "
+                                f"({len(before)} cached files reused)", step.seconds)
+        elif status == "run":
+            step = Step("verify", SKIPPED, "an earlier step did not finish")
+        else:
+            step = Step("verify", status, why)
+        steps.append(step)
+        ctx.reporter.step_done(step)
+        manifest = Manifest(fingerprint=fp, components=comps, device=ctx.device, steps=steps,
+                            warm=is_warm(steps))
+        write_manifest(entry, manifest)
+        return manifest

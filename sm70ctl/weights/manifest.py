@@ -1,0 +1,191 @@
+"""The per-folder manifest: what a download should contain and what it did contain.
+
+`<folder>/.sm70/manifest.json` is written when a fetch starts (every expected file, with
+the size and hashes the hub listed, nothing downloaded yet) and rewritten atomically
+after each file lands (its sha256 and a stat snapshot). So an interrupted download still
+says exactly which files are missing, and `verify` can skip re-hashing any file whose
+size, mtime and inode are unchanged since it was last hashed.
+
+Partial downloads live in `<folder>/.sm70/partial/` so that nothing half-written ever
+sits under a name vLLM would load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sm70ctl.errors import Sm70Error
+
+FORMAT = 1
+STATE_DIR = ".sm70"
+MANIFEST_NAME = "manifest.json"
+PARTIAL_DIR = "partial"
+# Folders inside a model folder that belong to tools, not to the checkpoint.
+IGNORED_DIRS = (STATE_DIR, ".cache")
+_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass
+class StatStamp:
+    size: int
+    mtime_ns: int
+    ino: int
+
+    @classmethod
+    def of(cls, path: Path) -> StatStamp:
+        st = path.stat()
+        return cls(size=st.st_size, mtime_ns=st.st_mtime_ns, ino=st.st_ino)
+
+
+@dataclass
+class FileEntry:
+    size: int  # bytes, as listed by the hub
+    lfs_sha256: str | None = None  # the hub's LFS sha256, when it gave one
+    git_oid: str | None = None  # the hub's git blob id (sha1 of "blob <n>\0" + content)
+    sha256: str | None = None  # what we measured; None until the file is downloaded
+    stat: StatStamp | None = None  # stat when sha256 was last measured
+
+    @property
+    def downloaded(self) -> bool:
+        return self.sha256 is not None
+
+
+@dataclass
+class Manifest:
+    name: str
+    repo_id: str
+    revision: str
+    repo_type: str = "model"
+    include: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+    complete: bool = False
+    files: dict[str, FileEntry] = field(default_factory=dict)
+    format: int = FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["files"] = {path: asdict(entry) for path, entry in sorted(self.files.items())}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        files = {}
+        for path, raw in data.get("files", {}).items():
+            stat = raw.get("stat")
+            files[path] = FileEntry(
+                size=int(raw["size"]),
+                lfs_sha256=raw.get("lfs_sha256"),
+                git_oid=raw.get("git_oid"),
+                sha256=raw.get("sha256"),
+                stat=StatStamp(**stat) if stat else None,
+            )
+        return cls(
+            name=data["name"],
+            repo_id=data["repo_id"],
+            revision=data["revision"],
+            repo_type=data.get("repo_type", "model"),
+            include=list(data.get("include", [])),
+            exclude=list(data.get("exclude", [])),
+            complete=bool(data.get("complete", False)),
+            files=files,
+            format=int(data.get("format", FORMAT)),
+        )
+
+
+def manifest_path(folder: Path) -> Path:
+    return Path(folder) / STATE_DIR / MANIFEST_NAME
+
+
+def partial_path(folder: Path, rel: str) -> Path:
+    return Path(folder) / STATE_DIR / PARTIAL_DIR / rel
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder, fsync, then rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> Path:
+    path = manifest_path(folder)
+    atomic_write_text(path, json.dumps(manifest.to_dict(), indent=2) + "\n")
+    return path
+
+
+def read_manifest(folder: Path) -> Manifest | None:
+    """The folder's manifest, None when there is none; a clear error when it is unreadable."""
+    path = manifest_path(folder)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        return Manifest.from_dict(json.loads(text))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Sm70Error(
+            f"manifest {path} is unreadable ({exc.__class__.__name__}: {exc})",
+            hint="run `sm70ctl weights fetch` again to rebuild it",
+        ) from exc
+
+
+def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            if progress is not None:
+                progress(len(chunk))
+    return h.hexdigest()
+
+
+def git_blob_oid(path: Path) -> str:
+    """The git object id of a file's content (what the hub lists as `oid` for non-LFS files)."""
+    h = hashlib.sha1(usedforsecurity=False)
+    h.update(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def walk_files(folder: Path) -> Iterator[str]:
+    """Every regular file under `folder` as a '/'-separated relative path, tool folders skipped."""
+    folder = Path(folder)
+    for root, dirs, files in os.walk(folder):
+        rel_root = Path(root).relative_to(folder)
+        if rel_root == Path("."):
+            dirs[:] = [d for d in dirs if d not in IGNORED_DIRS]
+        dirs.sort()
+        for name in sorted(files):
+            yield (rel_root / name).as_posix()
+
+
+__all__ = [
+    "FileEntry",
+    "Manifest",
+    "StatStamp",
+    "atomic_write_text",
+    "git_blob_oid",
+    "manifest_path",
+    "partial_path",
+    "read_manifest",
+    "sha256_file",
+    "walk_files",
+    "write_manifest",
+]

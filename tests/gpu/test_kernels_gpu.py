@@ -1,0 +1,300 @@
+"""torch.ops.sm70.* against their plain-PyTorch references, on a CUDA GPU.
+
+Run on the device machine (H200: TORCH_CUDA_ARCH_LIST=9.0; V100: 7.0):
+    python -m pytest -q -m gpu tests/gpu/test_kernels_gpu.py
+Skips cleanly where torch or a GPU is missing. Tolerances (relative L2 error against a
+float32/float64 reference computed from the same quantised data):
+  GEMV/GEMM  2e-3  (fp16 output rounding; fp16 dequantised weights in the GEMM: 3e-3)
+  attention  5e-3  (fp16 P and output rounding)  and max abs error 2e-2
+  KV write   codes equal except rounding ties (<= 1 code on <= 0.1 % of values)
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+from sm70ctl.kernels import reference as ref  # noqa: E402
+
+TP = 2
+HIDDEN = 5120
+# (name, N per GPU, K per GPU) for Qwen3.8-27B at TP=2
+SHAPES = [
+    ("qkv_proj", 14336 // TP, HIDDEN),
+    ("o_proj", HIDDEN, 6144 // TP),
+    ("gdn_in_proj_qkvz", (10240 + 6144) // TP, HIDDEN),
+    ("gdn_in_proj_ba", 96 // TP, HIDDEN),
+    ("gdn_out_proj", HIDDEN, 6144 // TP),
+    ("gate_up_proj", 2 * 17408 // TP, HIDDEN),
+    ("down_proj", HIDDEN, 17408 // TP),
+    ("mtp_fc", HIDDEN, 2 * HIDDEN),
+]
+LM_HEAD_ROWS = 248320 // TP
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _extension():
+    from sm70ctl.kernels.loader import load_extension
+
+    load_extension()
+
+
+def rel_err(out: torch.Tensor, want: torch.Tensor) -> float:
+    out = out.to(torch.float64)
+    want = want.to(torch.float64)
+    assert torch.isfinite(out).all(), "non-finite output"
+    return float((out - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def poison(nbytes: int) -> None:
+    """Leave NaNs in the allocator's cache so an output the op forgets to write fails."""
+    t = torch.full((nbytes // 2 + 64,), float("nan"), dtype=torch.float16, device="cuda")
+    del t
+
+
+def random_gptq(n: int, k: int, g: int = 128, gen: torch.Generator | None = None):
+    dev = "cuda"
+    codes = torch.randint(0, 256, (k, n), dtype=torch.uint8, device=dev, generator=gen)
+    zeros = torch.randint(1, 256, (k // g, n), device=dev, generator=gen)
+    scales = (torch.rand(k // g, n, device=dev, generator=gen) * 2e-3 + 1e-4).half()
+    return ref.pack_gptq_int8(codes, zeros, scales)
+
+
+# ------------------------------------------------------------------ GEMV
+@pytest.mark.parametrize("name,n,k", SHAPES, ids=[s[0] for s in SHAPES])
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_gptq_gemv_model_shapes(name, n, k, m):
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{name}/{m}".encode()))
+    qweight, qzeros, scales = random_gptq(n, k, gen=gen)
+    qw, sz = ref.repack_gptq_int8(qweight, qzeros, scales, 128)
+    w = ref.dequant_gptq_int8(qweight, qzeros, scales, 128)  # [K, N] from the checkpoint form
+    x = torch.randn(m, k, device="cuda", generator=gen).half()
+    bias = torch.randn(n, device="cuda", generator=gen).half() if m % 2 == 0 else None
+    poison(m * n * 2)
+    y = torch.ops.sm70.gptq_gemv(x, qw, sz, 128, bias)
+    want = x.float() @ w + (bias.float() if bias is not None else 0.0)
+    assert y.shape == (m, n) and y.dtype == torch.float16
+    assert rel_err(y, want) < 2e-3
+
+
+@pytest.mark.parametrize("m", [1, 3, 5, 6, 7, 8])
+def test_gptq_gemv_lm_head_per_row(m):
+    gen = torch.Generator(device="cuda").manual_seed(7 + m)
+    n = LM_HEAD_ROWS if m in (1, 8) else 4099  # full vocab slice at M=1 and 8
+    w = (torch.randn(n, HIDDEN, device="cuda", generator=gen) * 0.02).half()
+    qw, sz, g = ref.quantize_lm_head_int8(w)
+    x = torch.randn(m, HIDDEN, device="cuda", generator=gen).half()
+    poison(m * n * 2)
+    y = torch.ops.sm70.gptq_gemv(x, qw, sz, g, None)
+    want = x.float() @ ref.dequant_repacked(qw, sz, g).t()
+    assert rel_err(y, want) < 2e-3
+
+
+@pytest.mark.parametrize("n", [1, 3, 17, 130])
+def test_gptq_gemv_edges(n):
+    """Odd N (partial warps and blocks), one group, K tail not a multiple of 512."""
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    for k in (128, 384, 1152):
+        qweight, qzeros, scales = random_gptq(n, k, gen=gen)
+        qw, sz = ref.repack_gptq_int8(qweight, qzeros, scales, 128)
+        for m in (1, 2, 5):
+            x = torch.randn(m, k, device="cuda", generator=gen).half()
+            bias = torch.randn(n, device="cuda", generator=gen).half()
+            y = torch.ops.sm70.gptq_gemv(x, qw, sz, 128, bias)
+            want = ref.gemv_reference(x, ref.dequant_repacked(qw, sz, 128), bias)
+            assert rel_err(y, want) < 2e-3, (k, m)
+
+
+def test_gptq_gemv_rejects_bad_input():
+    qw = torch.zeros(8, 128, dtype=torch.uint8, device="cuda")
+    sz = torch.zeros(8, 1, 2, dtype=torch.float16, device="cuda")
+    with pytest.raises(RuntimeError, match="1 to 8 rows"):
+        torch.ops.sm70.gptq_gemv(torch.zeros(9, 128, device="cuda").half(), qw, sz, 128, None)
+    with pytest.raises(RuntimeError, match="group_size"):
+        torch.ops.sm70.gptq_gemv(torch.zeros(1, 128, device="cuda").half(), qw, sz, 100, None)
+
+
+# ------------------------------------------------------------------ KV cache write
+def make_cache(num_blocks: int, hkv: int, block_size: int):
+    k_cache = torch.zeros(num_blocks, hkv, block_size, 256, dtype=torch.int8, device="cuda")
+    v_cache = torch.zeros_like(k_cache)
+    k_scale = torch.zeros(num_blocks, hkv, block_size, dtype=torch.float32, device="cuda")
+    v_scale = torch.zeros_like(k_scale)
+    return k_cache, v_cache, k_scale, v_scale
+
+
+@pytest.mark.parametrize("block_size", [16, 64, 528])
+def test_kv_int8_write(block_size):
+    gen = torch.Generator(device="cuda").manual_seed(block_size)
+    t, hkv, nb = 300, 2, 64
+    # key/value as views of a fused qkv buffer (token stride larger than H * D)
+    qkv = torch.randn(t, (12 + 2 + 2) * 256, device="cuda", generator=gen).half() * 3
+    key = qkv[:, 12 * 256 : 14 * 256].view(t, hkv, 256)
+    value = qkv[:, 14 * 256 :].view(t, hkv, 256)
+    key[5].zero_()  # an all-zero row stores scale 0
+    slots = torch.randperm(nb * block_size, device="cuda", generator=gen)[:t]
+    slots[::17] = -1  # padding tokens are skipped
+    got = make_cache(nb, hkv, block_size)
+    want = make_cache(nb, hkv, block_size)
+    torch.ops.sm70.kv_int8_write(key, value, *got, slots)
+    ref.kv_int8_write_reference(key, value, *want, slots)
+    for g, w in ((got[0], want[0]), (got[1], want[1])):
+        diff = (g.int() - w.int()).abs()
+        assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) <= 1e-3
+    for g, w in ((got[2], want[2]), (got[3], want[3])):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=0)
+
+
+# ------------------------------------------------------------------ paged decode
+def fill_paged(ctxs, block_size, hkv=2, gen=None, extra_blocks=3):
+    """Random int8 cache with a shuffled block table per sequence."""
+    need = [math.ceil(c / block_size) for c in ctxs]
+    nb = sum(need) + extra_blocks
+    k_cache = torch.randint(-127, 128, (nb, hkv, block_size, 256), dtype=torch.int8,
+                            device="cuda", generator=gen)
+    v_cache = torch.randint(-127, 128, (nb, hkv, block_size, 256), dtype=torch.int8,
+                            device="cuda", generator=gen)
+    k_scale = torch.rand(nb, hkv, block_size, device="cuda", generator=gen) * 0.02 + 1e-3
+    v_scale = torch.rand(nb, hkv, block_size, device="cuda", generator=gen) * 0.02 + 1e-3
+    perm = torch.randperm(nb, device="cuda", generator=gen).int()
+    width = max(need) + 2
+    tables = torch.full((len(ctxs), width), nb + 1000, dtype=torch.int32, device="cuda")
+    start = 0
+    for b, n in enumerate(need):
+        tables[b, :n] = perm[start : start + n]
+        start += n
+    seq_lens = torch.tensor(ctxs, dtype=torch.int32, device="cuda")
+    return k_cache, v_cache, k_scale, v_scale, tables, seq_lens
+
+
+DECODE_CASES = [
+    # (ctxs, q_per_seq, block_size, splits)
+    ([1], 1, 16, 1),
+    ([4], 4, 16, 1),
+    ([16], 1, 16, 1),
+    ([17], 2, 16, 1),
+    ([32, 33, 31], 3, 16, 1),
+    ([48, 49], 4, 16, 5),
+    ([1000, 7, 4096], 4, 16, 7),
+    ([4097], 1, 64, 16),
+    ([2112, 2113], 2, 528, 3),
+    ([65], 4, 16, 64),  # more splits than tiles: empty splits must combine cleanly
+]
+
+
+@pytest.mark.parametrize("ctxs,qn,block_size,splits", DECODE_CASES)
+def test_paged_decode(ctxs, qn, block_size, splits):
+    gen = torch.Generator(device="cuda").manual_seed(len(ctxs) * 1000 + sum(ctxs) + qn)
+    cache = fill_paged(ctxs, block_size, gen=gen)
+    q = torch.randn(len(ctxs) * qn, 12, 256, device="cuda", generator=gen).half()
+    scale = 1.0 / 16.0
+    poison(q.numel() * 2)
+    out = torch.ops.sm70.paged_decode(q, *cache, qn, scale, splits)
+    want = ref.paged_decode_reference(q, *cache, qn, scale)
+    assert out.shape == q.shape
+    assert rel_err(out, want) < 5e-3
+    assert float((out.float() - want).abs().max()) < 2e-2
+
+
+def test_paged_decode_splits_agree():
+    """The same input through 1 split and through many gives the same answer."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    cache = fill_paged([3000, 1234], 16, gen=gen)
+    q = torch.randn(2 * 4, 12, 256, device="cuda", generator=gen).half()
+    one = torch.ops.sm70.paged_decode(q, *cache, 4, 0.0625, 1)
+    many = torch.ops.sm70.paged_decode(q, *cache, 4, 0.0625, 37)
+    assert rel_err(many, one.float()) < 2e-3
+
+
+@pytest.mark.parametrize("qn", [1, 4])
+def test_paged_decode_262k(qn):
+    gen = torch.Generator(device="cuda").manual_seed(262 + qn)
+    ctx = 262144
+    cache = fill_paged([ctx], 16, gen=gen)
+    q = torch.randn(qn, 12, 256, device="cuda", generator=gen).half()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = ref.decode_num_splits(ctx, 1, 2, sms)
+    out = torch.ops.sm70.paged_decode(q, *cache, qn, 0.0625, splits)
+    want = ref.paged_decode_reference(q, *cache, qn, 0.0625)
+    assert rel_err(out, want) < 5e-3
+
+
+def test_decode_write_then_read_roundtrip():
+    """kv_int8_write feeds paged_decode: attention over written fp16 K/V ~ fp16 attention."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    ctx, bs, qn = 777, 16, 4
+    nb = math.ceil(ctx / bs) + 1
+    k_cache, v_cache, k_scale, v_scale = make_cache(nb, 2, bs)
+    key = torch.randn(ctx, 2, 256, device="cuda", generator=gen).half()
+    value = torch.randn(ctx, 2, 256, device="cuda", generator=gen).half()
+    torch.ops.sm70.kv_int8_write(key, value, k_cache, v_cache, k_scale, v_scale,
+                                 torch.arange(ctx, device="cuda"))
+    tables = torch.arange(nb, dtype=torch.int32, device="cuda")[None]
+    seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+    q = torch.randn(qn, 12, 256, device="cuda", generator=gen).half()
+    out = torch.ops.sm70.paged_decode(q, k_cache, v_cache, k_scale, v_scale, tables, seq, qn,
+                                      0.0625, 3)
+    # fp16 attention on the unquantised K/V (int8 error dominates the tolerance)
+    kk = key.float().repeat_interleave(6, 1)
+    vv = value.float().repeat_interleave(6, 1)
+    s = torch.einsum("qhd,khd->hqk", q.float(), kk) * 0.0625
+    limit = ctx - qn + torch.arange(qn, device="cuda")
+    mask = torch.arange(ctx, device="cuda")[None, :] > limit[:, None]
+    p = torch.softmax(s.masked_fill(mask[None], -math.inf), -1)
+    want = torch.einsum("hqk,khd->qhd", p, vv)
+    assert rel_err(out, want) < 2e-2
+
+
+# ------------------------------------------------------------------ low-rank GEMM
+LOWRANK_CASES = [
+    # (m, n, k, rank, mask kind)
+    (1, 5120, 3072, 0, "none"),
+    (37, 5120, 3072, 64, "random"),
+    (256, 7168, 5120, 256, "all"),
+    (200, 1000, 1024, 16, "nobody"),
+    (512, 17408, 5120, 128, "random"),
+    (2048, 5120, 8704, 256, "half"),
+]
+
+
+@pytest.mark.parametrize("m,n,k,rank,mask_kind", LOWRANK_CASES)
+def test_int8_gemm_lowrank(m, n, k, rank, mask_kind):
+    gen = torch.Generator(device="cuda").manual_seed(m + n + rank)
+    qweight, qzeros, scales = random_gptq(n, k, gen=gen)
+    qw, sz = ref.repack_gptq_int8(qweight, qzeros, scales, 128)
+    x = torch.randn(m, k, device="cuda", generator=gen).half()
+    bias = torch.randn(n, device="cuda", generator=gen).half()
+    a = (torch.randn(k, rank, device="cuda", generator=gen) * 0.02).half() if rank else None
+    b = (torch.randn(rank, n, device="cuda", generator=gen) * 0.05).half() if rank else None
+    mask = {
+        "none": None,
+        "all": torch.ones(m, dtype=torch.bool, device="cuda"),
+        "nobody": torch.zeros(m, dtype=torch.bool, device="cuda"),
+        "random": torch.rand(m, device="cuda", generator=gen) < 0.3,
+        "half": torch.arange(m, device="cuda") < m // 2,
+    }[mask_kind]
+    poison(m * n * 2)
+    y = torch.ops.sm70.int8_gemm_lowrank(
+        x, qw, sz, 128, bias,
+        a.t().contiguous() if a is not None else None,
+        b.t().contiguous() if b is not None else None,
+        mask,
+    )
+    w_t = ref.dequant_gptq_int8(qweight, qzeros, scales, 128).t()
+    want = ref.lowrank_reference(x.float(), w_t, bias, a, b, mask).float()
+    assert rel_err(y, want) < 3e-3
+    if a is not None and mask is not None:
+        # rows without the correction equal the plain GEMM
+        plain = ref.lowrank_reference(x.float(), w_t, bias, None, None, None).float()
+        off = ~mask
+        if off.any():
+            assert rel_err(y[off], plain[off]) < 3e-3

@@ -1,0 +1,122 @@
+"""The lock file: the shipped lock is valid and honest; malformed locks are refused by name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sm70ctl.build.lock import LockError, load_lock, packaged_lock_path, parse_lock, tree_hash
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MINIMAL = """schema = 1
+[toolchain]
+cuda = "12.8"
+gcc_min = "11.4"
+gcc_max_major = 14
+python = "3.12"
+cuda_arch_list = "7.0"
+"""
+
+
+def test_repo_root_lock_is_the_packaged_lock() -> None:
+    root_lock = ROOT / "sm70.lock.toml"
+    assert root_lock.resolve() == packaged_lock_path().resolve()
+
+
+def test_shipped_lock_pins_the_chosen_vllm_and_toolchain() -> None:
+    lock = load_lock()
+    vllm = lock.archive("vllm")
+    assert vllm.filename == "vllm-0.22.1.tar.gz" and vllm.patch and vllm.strip == "vllm-0.22.1"
+    assert vllm.sha256 == "cd34902729f3767e3dfbb391956b2986bc638a54be9893e78bda9cc55669f15c"
+    assert lock.toolchain.cuda == "12.8" and lock.toolchain.cuda_arch_list == "7.0"
+    assert lock.toolchain.gcc_min == "11.4" and lock.toolchain.gcc_max_major == 14
+    cutlass = next(g for g in lock.git if g.name == "cutlass")
+    assert (cutlass.tag, cutlass.commit) == ("v4.4.2", "da5e086dab31d63815acafdac9a9c5893b1c69e2")
+    torch = next(w for w in lock.wheels if w.name == "torch")
+    assert torch.version == "2.11.0+cu126"
+    assert not torch.sha256 and "unreachable" in torch.unverified  # said, not invented
+    assert any(s.name == "csrc" and s.path == "csrc" for s in lock.local)
+
+
+def test_shipped_lock_every_id_is_verified_or_explains_why_not() -> None:
+    lock = load_lock()
+    for g in lock.git:
+        assert re.fullmatch(r"[0-9a-f]{40}", g.commit) or g.unverified, g.name
+    for w in lock.wheels:
+        assert re.fullmatch(r"[0-9a-f]{64}", w.sha256) or len(w.unverified) > 20, w.name
+        assert w.filename.endswith(".whl")
+    # The serving environment's key packages are pinned.
+    names = {w.name.lower().replace("_", "-") for w in lock.wheels}
+    for pkg in ("transformers", "tokenizers", "fastapi", "numba", "xgrammar", "torchvision"):
+        assert pkg in names, pkg
+
+
+def test_vllm_external_projects_are_pinned() -> None:
+    from sm70ctl.build.plan import EXTERNAL_SRC_ENV
+
+    names = {g.name for g in load_lock().git}
+    assert set(EXTERNAL_SRC_ENV) <= names
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('[[git]]\nname = "x"\nurl = "https://e/x.git"\ncommit = "abc"\n', "40 lower-case hex"),
+        ('[[git]]\nname = "x"\nurl = "https://e/x.git"\ntag = "v1"\n', "pin by tag alone"),
+        ('[[git]]\nname = "x"\nurl = "ftp://e/x"\ncommit = "' + "a" * 40 + '"\n', "url"),
+        ('[[archive]]\nname = "v"\nurl = "https://e/v.tgz"\nfilename = "v.tgz"\n'
+         'sha256 = "xyz"\n', "64 lower-case hex"),
+        ('[[archive]]\nname = "v"\nurl = "https://e/v.tgz"\nfilename = "../v.tgz"\n'
+         'sha256 = "' + "a" * 64 + '"\n', "plain file name"),
+        ('[[wheel]]\nname = "w"\nversion = "1"\nfilename = "w.whl"\nurl = "https://e/w.whl"\n',
+         "must say why"),
+        ('[[local]]\nname = "c"\npath = "/abs"\nhash = "' + "a" * 64 + '"\n', "relative"),
+        ('[[git]]\nname = "d"\nurl = "https://e/d"\ncommit = "' + "a" * 40 + '"\n'
+         '[[archive]]\nname = "d"\nurl = "https://e/d.tgz"\nfilename = "d.tgz"\nsha256 = "'
+         + "b" * 64 + '"\n', "appears twice"),
+    ],
+)
+def test_malformed_entries_are_refused_by_name(extra: str, message: str) -> None:
+    with pytest.raises(LockError, match=message):
+        parse_lock(MINIMAL + extra)
+
+
+def test_schema_and_toolchain_are_required() -> None:
+    with pytest.raises(LockError, match="schema"):
+        parse_lock(MINIMAL.replace("schema = 1", "schema = 9"))
+    with pytest.raises(LockError, match="gcc_max_major"):
+        parse_lock(MINIMAL.replace("gcc_max_major = 14", 'gcc_max_major = "14"'))
+    with pytest.raises(LockError, match="not valid TOML"):
+        parse_lock("schema = ")
+
+
+def test_tree_hash_depends_on_content_and_names_only(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "k.cuh").write_text("x")
+    (tmp_path / "b.cu").write_text("y")
+    h1 = tree_hash(tmp_path)
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "z.pyc").write_text("ignored")
+    assert tree_hash(tmp_path) == h1
+    (tmp_path / "b.cu").write_text("y2")
+    assert tree_hash(tmp_path) != h1
+    (tmp_path / "b.cu").write_text("y")
+    (tmp_path / "b.cu").rename(tmp_path / "c.cu")
+    assert tree_hash(tmp_path) != h1
+
+
+def test_relock_updates_local_hash_atomically(tmp_path: Path) -> None:
+    from sm70ctl.build.lock import relock_local
+
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "csrc" / "k.cuh").write_text("kernel")
+    lock = tmp_path / "l.toml"
+    lock.write_text(MINIMAL + '[[local]]\nname = "csrc"\npath = "csrc"\nhash = "' + "0" * 64
+                    + '"\n')
+    changed = relock_local(lock, tmp_path)
+    assert changed["csrc"][1] == tree_hash(tmp_path / "csrc")
+    assert load_lock(lock).local[0].hash == tree_hash(tmp_path / "csrc")
+    assert relock_local(lock, tmp_path) == {}

@@ -1,0 +1,209 @@
+"""sm70ctl/launch.py: Settings -> vLLM argv, env and plugin configuration."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from sm70ctl.errors import Sm70Error
+from sm70ctl.launch import (
+    PLUGIN_CONFIG_ENV,
+    compile_fingerprint,
+    plugin_config,
+    redact_argv,
+    vllm_argv,
+    vllm_env,
+)
+from sm70ctl.settings import load_settings
+from vllm_patch.config import PluginConfig, resolve_allreduce_mode
+
+FACTS = Path("/work/shared/reference/FACTS.md")
+# The reference deployment line from FACTS.md ("The reference deployment"), verbatim.
+REFERENCE = (
+    "--quantization gptq --dtype float16 --tensor-parallel-size 2 --disable-custom-all-reduce "
+    "--gpu-memory-utilization 0.96 --kv-cache-memory-bytes 10630627328 "
+    "--kv-cache-dtype int8_per_token_head --enable-prefix-caching --max-model-len 262144 "
+    "--max-num-seqs 16 --max-num-batched-tokens 2048 "
+    "--limit-mm-per-prompt {\"image\":20,\"video\":2} --enable-auto-tool-choice "
+    "--tool-call-parser qwen3_coder --reasoning-parser qwen3 "
+    "--compilation-config {\"cudagraph_mode\":\"full_and_piecewise\","
+    "\"cudagraph_capture_sizes\":[1,2,4,8]} --mamba-cache-mode all "
+    "--speculative-config {\"method\":\"mtp\",\"num_speculative_tokens\":3}"
+)
+REFERENCE_ENV = {
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    "TORCH_CUDA_ARCH_LIST": "7.0",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "NCCL_CUMEM_ENABLE": "0",
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+}
+
+
+def defaults():
+    return load_settings({})
+
+
+def test_reference_line_matches_facts_when_available():
+    if not FACTS.exists():
+        pytest.skip("FACTS.md is not on this machine")
+    text = " ".join(FACTS.read_text().split())
+    assert REFERENCE in text
+
+
+def test_default_argv_reproduces_the_reference_command_exactly():
+    s = defaults()
+    argv = vllm_argv(s)
+    assert argv[0] == str(s.serve_python)
+    assert argv[1:4] == ["-m", "vllm.entrypoints.openai.api_server", str(s.model_dir)]
+    reference = shlex.split(REFERENCE.replace('"', '\\"'))
+    assert argv[4 : 4 + len(reference)] == reference
+    additions = argv[4 + len(reference) :]
+    assert additions == [
+        "--host", "127.0.0.1", "--port", "8000", "--served-model-name", "qwen3.8-27b",
+        "--attention-backend", "SM70_PAGED", "--pipeline-parallel-size", "1",
+        "--long-prefill-token-threshold", "2048", "--max-logprobs", "20",
+        "--generation-config", "auto", "--no-async-scheduling",
+    ]
+
+
+def test_default_env_reproduces_the_reference_environment():
+    s = defaults()
+    env = vllm_env(s, p2p_available=True)
+    for key, value in REFERENCE_ENV.items():
+        assert env[key] == value, key
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert env["NCCL_P2P_DISABLE"] == "0"
+    assert vllm_env(s, p2p_available=False)["NCCL_P2P_DISABLE"] == "1"
+    assert "NCCL_P2P_DISABLE" not in vllm_env(s)
+    assert PluginConfig.from_json(env[PLUGIN_CONFIG_ENV]) == PluginConfig.from_dict(
+        plugin_config(s)
+    )
+    assert all(isinstance(v, str) for v in env.values())
+
+
+@pytest.mark.parametrize(("mode", "available", "expected"), [
+    ("on", False, "0"), ("on", None, "0"), ("off", True, "1"), ("off", None, "1"),
+    ("auto", True, "0"), ("auto", False, "1"), ("auto", None, None),
+])
+def test_p2p_follows_setting_then_topology(mode, available, expected):
+    env = vllm_env(load_settings({"SM70_P2P": mode}), p2p_available=available)
+    assert env.get("NCCL_P2P_DISABLE") == expected
+
+
+@pytest.mark.parametrize("environ", [
+    {}, {"SM70_SPEC_METHOD": "ngram"}, {"SM70_SPEC_TOKENS": "1"},
+    {"SM70_SPEC_TOKENS": "7", "SM70_CUDAGRAPH_SIZES": "8,4,2,1"},
+])
+def test_speculative_config_appears_exactly_once(environ):
+    argv = vllm_argv(load_settings(environ))
+    assert argv.count("--speculative-config") == 1
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens"] == load_settings(environ).spec_tokens
+
+
+def test_no_speculation_means_no_speculative_flag():
+    assert "--speculative-config" not in vllm_argv(load_settings({"SM70_SPEC_METHOD": "none"}))
+
+
+def test_every_flag_appears_at_most_once():
+    s = load_settings({"SM70_BLOCK_SIZE": "64", "SM70_ENFORCE_EAGER": "true",
+                       "SM70_API_KEY": "k", "SM70_SPEC_METHOD": "ngram"})
+    flags = [a for a in vllm_argv(s) if a.startswith("--")]
+    assert len(flags) == len(set(flags))
+
+
+def test_ngram_method_carries_lookup_bounds():
+    s = load_settings({"SM70_SPEC_METHOD": "ngram", "SM70_NGRAM_MIN": "3", "SM70_NGRAM_MAX": "5"})
+    argv = vllm_argv(s)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "ngram", "num_speculative_tokens": 3,
+                    "prompt_lookup_min": 3, "prompt_lookup_max": 5}
+
+
+def test_graph_sizes_are_sorted_on_output():
+    s = load_settings({"SM70_CUDAGRAPH_SIZES": "8,1,4,2,16"})
+    argv = vllm_argv(s)
+    cfg = json.loads(argv[argv.index("--compilation-config") + 1])
+    assert cfg["cudagraph_capture_sizes"] == [1, 2, 4, 8, 16]
+
+
+def test_api_key_is_passed_and_redacted():
+    s = load_settings({"SM70_API_KEY": "sk-very-secret", "SM70_HOST": "0.0.0.0"})
+    argv = vllm_argv(s)
+    assert argv[argv.index("--api-key") + 1] == "sk-very-secret"
+    shown = redact_argv(argv)
+    assert "sk-very-secret" not in shown and shown[shown.index("--api-key") + 1] == "***"
+    assert "sk-very-secret" not in json.dumps(vllm_env(s))
+
+
+def test_gpu_uuids_need_resolved_indices():
+    s = load_settings({"SM70_GPUS": "GPU-aaaa-1111,GPU-bbbb-2222"})
+    with pytest.raises(Sm70Error, match="not resolved"):
+        vllm_env(s)
+    assert vllm_env(s, gpu_indices=[3, 2])["CUDA_VISIBLE_DEVICES"] == "3,2"
+    with pytest.raises(Sm70Error, match="resolved 1 GPU"):
+        vllm_env(s, gpu_indices=[3])
+
+
+def test_compile_cache_is_keyed_by_kernel_settings_only():
+    base = defaults()
+    same = load_settings({"SM70_PORT": "9000", "SM70_MAX_NUM_SEQS": "4"})
+    changed = load_settings({"SM70_GDN_CHUNK_SIZE": "32"})
+    assert compile_fingerprint(base) == compile_fingerprint(same)
+    assert compile_fingerprint(base) != compile_fingerprint(changed)
+    env_a, env_b = vllm_env(base), vllm_env(changed)
+    assert env_a["VLLM_CACHE_ROOT"] != env_b["VLLM_CACHE_ROOT"]
+    assert re.search(r"/[0-9a-f]{16}/vllm$", env_a["VLLM_CACHE_ROOT"])
+
+
+def test_plugin_defaults_equal_settings_defaults():
+    # A plugin started without SM70_PLUGIN_CONFIG behaves like the reference.
+    cfg = PluginConfig.from_dict(plugin_config(defaults()))
+    bare = PluginConfig()
+    assert cfg.to_dict() | {"clef": None} == bare.to_dict() | {"clef": None}
+    assert {k: v for k, v in cfg.clef.__dict__.items() if k != "dir"} == {
+        k: v for k, v in bare.clef.__dict__.items() if k != "dir"}
+    assert PluginConfig.from_env({}) == bare
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("not json", "not valid JSON"),
+    ("[1]", "JSON object"),
+    ('{"gdn": {"chunk": 64}}', "unknown field"),
+    ('{"gdn": {"chunk_size": "64"}}', "gdn.chunk_size must be int"),
+    ('{"gemm": {"int8_gemv": 1}}', "gemm.int8_gemv must be bool"),
+    ('{"gemm": 3}', "gemm must be an object"),
+    ('{"version": 2}', "version 2"),
+])
+def test_plugin_config_is_strict(text, message):
+    with pytest.raises(ValueError, match=message):
+        PluginConfig.from_json(text)
+
+
+def test_plugin_config_accepts_ints_for_floats():
+    assert PluginConfig.from_json('{"sparse_prefill": {"mass": 1}}').sparse_prefill.mass == 1.0
+
+
+@pytest.mark.parametrize(("mode", "nvlink", "expected"), [
+    ("auto", True, "fp16"), ("auto", False, "int12"), ("auto", None, "fp16"),
+    ("int12", True, "int12"), ("fp16", False, "fp16"),
+])
+def test_allreduce_auto_resolution(mode, nvlink, expected):
+    assert resolve_allreduce_mode(mode, nvlink) == expected
+
+
+def test_plugin_config_module_is_import_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, vllm_patch.config; "
+            "bad = [m for m in ('torch', 'vllm', 'pydantic', 'yaml') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

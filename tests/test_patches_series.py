@@ -1,0 +1,85 @@
+"""The vllm_patch series: well formed, documented in SERIES.md, and applying to the pinned
+vLLM release's real sources (downloaded by .ci/setup.d/30-vllm-sources.sh)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from sm70ctl.build.fsutil import sha256_file
+from sm70ctl.build.lock import load_lock
+from sm70ctl.build.patches import (
+    PatchError,
+    apply_series,
+    describe_failure,
+    hunks,
+    list_series,
+    series_dir,
+)
+from sm70ctl.build.sources import unpack_archive
+
+ROOT = Path(__file__).resolve().parent.parent
+SERIES_MD = ROOT / "vllm_patch" / "patches" / "SERIES.md"
+FIELDS = ("Targets", "Why", "How", "Upstream", "Remove when")
+
+
+def test_series_is_nonempty_and_well_named() -> None:
+    series = list_series(series_dir())
+    assert series, "the series must hold at least the CMake arch-list patch"
+    assert [p.name for p in series] == sorted(p.name for p in series)
+    assert any("cmake" in p.name for p in series)
+
+
+def test_every_patch_is_documented_in_series_md() -> None:
+    text = SERIES_MD.read_text()
+    for p in list_series(series_dir()):
+        m = re.search(rf"^## {re.escape(p.name)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+        assert m, f"SERIES.md has no section for {p.name}"
+        for field in FIELDS:
+            assert re.search(rf"^- \*\*{field}\*\*: \S", m.group(1), re.M), (p.name, field)
+    documented = set(re.findall(r"^## (\d{4}-\S+\.patch)$", text, re.M))
+    assert documented == {p.name for p in list_series(series_dir())}
+
+
+def test_hunk_parsing_and_failure_description() -> None:
+    patch = (series_dir() / list_series(series_dir())[0].name).read_text()
+    hs = hunks(patch)
+    assert hs and hs[0][0] == "CMakeLists.txt"
+    _file, start, header = hs[0]
+    msg = describe_failure(patch, f"error: patch failed: CMakeLists.txt:{start}\n")
+    assert msg == f"hunk #1 of CMakeLists.txt ({header}) does not match the source"
+    assert "does not exist" in describe_failure(patch, "error: nope.txt: No such file or directory")
+
+
+def _sdist() -> Path | None:
+    a = load_lock().archive("vllm")
+    p = ROOT / "build" / "ci" / a.filename
+    return p if p.is_file() else None
+
+
+def test_series_applies_to_the_pinned_vllm_release(tmp_path: Path) -> None:
+    sdist = _sdist()
+    if sdist is None:
+        msg = "pinned vLLM sdist absent: run .ci/setup.d/30-vllm-sources.sh"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    a = load_lock().archive("vllm")
+    assert sha256_file(sdist) == a.sha256
+    src = tmp_path / "src"
+    src.mkdir()
+    unpack_archive(sdist, src, a.strip)
+    applied = apply_series(src, list_series(series_dir()))
+    assert applied == [p.name for p in list_series(series_dir())]
+    cmake = (src / "CMakeLists.txt").read_text()
+    # The CUDA >= 12.8 branch now keeps 7.0; the CUDA 13 branch (which cannot) does not.
+    branch = cmake.split("VERSION_GREATER_EQUAL 12.8)", 1)[1].split("else()", 1)[0]
+    assert re.search(r'set\(CUDA_SUPPORTED_ARCHS "7\.0;7\.5;', branch)
+    cuda13 = cmake.split("VERSION_GREATER_EQUAL 13.0)", 1)[1].split("elseif", 1)[0]
+    assert '"7.0' not in cuda13
+    # Applying twice must fail loudly (the series is not silently re-applied).
+    with pytest.raises(PatchError, match="does not apply"):
+        apply_series(src, list_series(series_dir()))

@@ -1,0 +1,225 @@
+"""Parsing config.json / quantization_config, GPU specs, and a tiny model whose plan scales."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from sm70ctl.errors import Sm70Error, UsageError
+from sm70ctl.plan.gpus import V100_32GB_TOTAL, parse_gpus, parse_size, resolve_gpus
+from sm70ctl.plan.model_config import builtin_config_path, load_config, parse_config
+from sm70ctl.plan.plan import Gpu, PlanInputs, compute_plan
+
+TINY = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "full_attention_interval": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4,
+    "vocab_size": 1000,
+    "tie_word_embeddings": False,
+}
+TINY_INPUTS = dict(tensor_parallel_size=1, kv_cache_bytes=0, kv_cache_dtype="auto",
+                   spec_method="none", int8_lm_head=False, max_num_seqs=2,
+                   state_block_multiplier=1, max_model_len=1024)
+
+
+def _item(plan, key, gpu=0):
+    return next(i.bytes for i in plan.gpus[gpu].items if i.key == key)
+
+
+def _tiny(layers=4, **kw):
+    cfg = {**TINY, "num_hidden_layers": layers}
+    inputs = PlanInputs(**{**TINY_INPUTS, **kw})
+    n = inputs.tensor_parallel_size
+    return compute_plan(parse_config(cfg), inputs, [Gpu(i, "g", 1 << 30) for i in range(n)])
+
+
+def test_builtin_config_is_the_reference_model():
+    raw = json.loads(builtin_config_path().read_text())
+    assert raw["model_type"] == "qwen3_5" and raw["text_config"]["model_type"] == "qwen3_5_text"
+    m = load_config(builtin_config_path())
+    assert (m.hidden_size, m.intermediate_size, m.num_layers) == (5120, 17408, 64)
+    assert len(m.full_layers) == 16 and m.full_layers[:2] == (3, 7)
+    assert (m.num_attention_heads, m.num_key_value_heads, m.head_dim) == (24, 4, 256)
+    assert m.gdn_key_dim == 2048 and m.gdn_value_dim == 6144
+    assert m.vocab_size == 248_320 and m.mtp_num_hidden_layers == 1
+    assert m.vision is not None and m.vision.depth == 27 and m.vision.out_hidden_size == 5120
+    q = m.quant
+    assert (q.default.bits, q.default.group_size, q.default.sym, q.default.desc_act) == (
+        8, 128, False, False)
+    pfx = "model.language_model.layers."
+    # q/k/v 16-bit everywhere, under both checkpoint and fused names
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                 "self_attn.qkv_proj"):
+        assert q.scheme_for(f"{pfx}7.{name}") is None
+    assert q.scheme_for(f"{pfx}7.self_attn.o_proj") is not None
+    # layer 0 MLP and GDN 16-bit; layer 10's quantised (boundary: 0 is not a prefix of 10)
+    assert q.scheme_for(f"{pfx}0.mlp.gate_proj") is None
+    assert q.scheme_for(f"{pfx}0.linear_attn.in_proj_qkv") is None
+    assert q.scheme_for(f"{pfx}10.mlp.gate_proj") is not None
+    assert q.scheme_for(f"{pfx}1.linear_attn.in_proj_ba") is None
+    assert q.scheme_for("model.visual.blocks.0.attn.qkv") is None
+    assert q.scheme_for("mtp.layers.0.mlp.down_proj") is None
+
+
+def test_builtin_plan_has_no_fused_name_warnings():
+    m = load_config(builtin_config_path())
+    p = compute_plan(m, PlanInputs(), [Gpu(0, "a", V100_32GB_TOTAL), Gpu(1, "b", V100_32GB_TOTAL)])
+    assert p.warnings == []
+
+
+def test_quant_rules_boundaries_overrides_and_fused_mismatch():
+    cfg = copy.deepcopy(TINY)
+    cfg["quantization_config"] = {
+        "quant_method": "gptq", "bits": 8, "group_size": 128, "sym": True, "desc_act": False,
+        "modules_to_not_convert": ["model.layers.1.mlp"],
+        "dynamic": {"-:.*self_attn\\.q_proj$": {}, "+:.*down_proj": {"bits": 4}},
+    }
+    m = parse_config(cfg)
+    q = m.quant
+    assert q.scheme_for("model.layers.1.mlp.up_proj") is None
+    assert q.scheme_for("model.layers.10.mlp.up_proj").bits == 8
+    assert q.scheme_for("model.layers.2.mlp.down_proj").bits == 4
+    assert q.scheme_for("model.layers.3.self_attn.q_proj") is None
+    p = compute_plan(m, PlanInputs(**TINY_INPUTS), [Gpu(0, "g", 1 << 30)])
+    # q_proj excluded by name but the fused qkv_proj is not: vLLM would quantise it
+    assert any("qkv_proj" in w for w in p.warnings)
+    # a 4-bit down_proj (k=512 -> 4 groups, n=256): 512*4/32 rows of int32, packed zeros
+    down4 = 512 * 4 // 32 * 256 * 4 + 4 * (256 * 4 // 32) * 4 + 4 * 256 * 2
+    gate8 = 256 * 512 + 2 * 512 * 2 + 2 * 512  # k=256 -> 2 groups
+    fp16_layer1 = 3 * 256 * 512 * 2
+    assert _item(p, "weights.mlp") == 3 * (2 * gate8 + down4) + fp16_layer1
+
+
+@pytest.mark.parametrize("patch,needle", [
+    ({"hidden_size": None}, "hidden_size"),
+    ({"layer_types": ["linear_attention"] * 3}, "layer_types"),
+    ({"layer_types": ["linear_attention"] * 3 + ["sliding"]}, "unknown kinds"),
+    ({"quantization_config": {"quant_method": "gptq", "bits": 5, "group_size": 128}}, "bits"),
+    ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "awq"),
+])
+def test_bad_configs_are_named(patch, needle):
+    cfg = copy.deepcopy(TINY)
+    for k, v in patch.items():
+        if v is None:
+            cfg.pop(k)
+        else:
+            cfg[k] = v
+    with pytest.raises(Sm70Error, match=needle):
+        parse_config(cfg)
+
+
+def test_load_config_errors(tmp_path):
+    with pytest.raises(Sm70Error, match="no such file"):
+        load_config(tmp_path / "missing.json")
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(Sm70Error, match="not valid JSON"):
+        load_config(bad)
+
+
+def test_tiny_model_by_hand():
+    p = _tiny()
+    # vocabulary 1000 padded to 1024 (multiple of 64) x hidden 256 x fp16
+    assert _item(p, "weights.embed") == 1024 * 256 * 2
+    assert _item(p, "weights.lm_head") == 1024 * 256 * 2
+    assert _item(p, "weights.mlp") == 4 * 3 * 256 * 512 * 2
+    # fp16 KV: 1 attention layer x K,V x 2 heads x 64 x 2 B
+    assert p.gpus[0].layout.kv_bytes_per_token == 2 * 2 * 64 * 2
+    # GDN page: 4 heads x 32 x 32 int16 + conv 3 x (2*64 + 128) fp16; 3 layers per slot
+    assert p.gdn_page.total == 4 * 32 * 32 * 2 + 3 * 256 * 2
+    assert p.gpus[0].layout.state_bytes_per_slot == 3 * (4 * 32 * 32 * 2 + 3 * 256 * 2)
+    # auto pool: everything the budget leaves
+    g = p.gpus[0]
+    assert g.layout.pool_bytes == int((1 << 30) * 0.96) - g.fixed_bytes
+    assert g.free_bytes == 0 and p.fits
+
+
+def test_tiny_model_scales_with_layers_and_tp():
+    p4, p8 = _tiny(4), _tiny(8)
+    assert _item(p8, "weights.mlp") == 2 * _item(p4, "weights.mlp")
+    assert _item(p8, "weights.norms") - _item(p4, "weights.norms") == 4 * 2 * 256 * 2 + 2 * 64 * 2
+    assert p8.gpus[0].layout.kv_bytes_per_token == 2 * p4.gpus[0].layout.kv_bytes_per_token
+    assert p8.gpus[0].layout.state_bytes_per_slot == 2 * p4.gpus[0].layout.state_bytes_per_slot
+    assert _item(p8, "pool.state") == 2 * _item(p4, "pool.state")
+    t2 = _tiny(4, tensor_parallel_size=2)
+    assert len(t2.gpus) == 2
+    assert _item(t2, "weights.mlp") * 2 == _item(p4, "weights.mlp")
+    assert _item(t2, "weights.embed") * 2 == _item(p4, "weights.embed")
+    # KV heads 2 / TP 2 = 1 per GPU; GDN value heads 4 / 2 = 2
+    assert t2.gpus[0].layout.kv_bytes_per_token * 2 == p4.gpus[0].layout.kv_bytes_per_token
+    assert t2.gdn_page.recurrent * 2 == p4.gdn_page.recurrent
+
+
+def test_longest_sequence_grows_with_memory():
+    small, big = _tiny(), compute_plan(parse_config(TINY), PlanInputs(**TINY_INPUTS),
+                                       [Gpu(0, "g", 2 << 30)])
+    assert big.longest_sequence > small.longest_sequence > 0
+
+
+def test_too_few_gpus_and_bad_settings():
+    m = parse_config(TINY)
+    with pytest.raises(Sm70Error, match="needs 2"):
+        compute_plan(m, PlanInputs(**{**TINY_INPUTS, "tensor_parallel_size": 2}),
+                     [Gpu(0, "g", 1 << 30)])
+    with pytest.raises(Sm70Error, match="SM70_GPU_MEMORY_UTILIZATION"):
+        compute_plan(m, PlanInputs(**{**TINY_INPUTS, "gpu_memory_utilization": 1.5}),
+                     [Gpu(0, "g", 1 << 30)])
+    with pytest.raises(Sm70Error, match="SM70_GDN_STATE_DTYPE"):
+        compute_plan(m, PlanInputs(**{**TINY_INPUTS, "gdn_state_dtype": "int4"}),
+                     [Gpu(0, "g", 1 << 30)])
+
+
+def test_from_settings_reads_the_schema():
+    from sm70ctl.settings import load_settings
+
+    s = load_settings(environ={"SM70_MAX_NUM_SEQS": "4", "SM70_GDN_STATE_DTYPE": "float32",
+                               "SM70_CUDAGRAPH_SIZES": "1,2,4", "SM70_KV_CACHE_BYTES": "8GiB"})
+    inp = PlanInputs.from_settings(s, max_model_len=131072, max_num_seqs=None)
+    assert inp.max_num_seqs == 4 and inp.gdn_state_dtype == "float32"
+    assert inp.cudagraph_sizes == (1, 2, 4) and inp.kv_cache_bytes == 8 << 30
+    assert inp.max_model_len == 131072
+    assert PlanInputs.from_settings(load_settings(environ={})) == PlanInputs()
+
+
+def test_gpu_specs():
+    assert [g.total_bytes for g in parse_gpus("2x16GiB")] == [16 << 30] * 2
+    assert [g.total_bytes for g in parse_gpus("32GiB,16GB")] == [32 << 30, 16 * 10**9]
+    assert parse_gpus("2xv100")[1].total_bytes == 34_089_730_048
+    assert parse_size("1.5GiB") == 3 << 29
+    for bad in ("2xlots", "0GiB", "x16GiB", ""):
+        with pytest.raises(UsageError):
+            parse_gpus(bad)
+    ref = resolve_gpus(None, 2, None)
+    assert ref.source == "reference" and [g.total_bytes for g in ref.gpus] == [V100_32GB_TOTAL] * 2
+    nv = resolve_gpus(None, 2, [{"index": 0, "name": "Tesla V100-SXM2-32GB", "total": 7}])
+    assert nv.source == "nvml" and nv.gpus[0].total_bytes == 7
+    assert resolve_gpus("1x8GiB", 2, [{"index": 0, "name": "x", "total": 7}]).source == "--gpus"
+
+
+def _nvml_gpus():
+    from sm70ctl.plan.gpus import probe_nvml
+
+    return probe_nvml()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_nvml_gpus() is None, reason="needs NVML and a GPU")
+def test_nvml_probe_feeds_the_plan():
+    nv = _nvml_gpus()
+    assert all(int(d["total"]) > (1 << 30) and d["name"] for d in nv)
+    src = resolve_gpus(None, 1, nv)
+    assert src.source == "nvml" and src.gpus[0].total_bytes == nv[0]["total"]
+    p = compute_plan(parse_config(TINY), PlanInputs(**TINY_INPUTS), src.gpus[:1])
+    assert p.gpus[0].budget == int(nv[0]["total"] * 0.96) and p.fits

@@ -1,0 +1,168 @@
+"""`weights verify`: offline re-checks of a fetched folder (missing, extra, corrupted),
+the stat cache that makes it fast, `--full`, `--json`, and exit codes naming files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hubserver import BIG, SMALL, HubServer, Repo, lock_text, tiny_files
+
+from sm70ctl.weights.fetch import FetchConfig, fetch_pin
+from sm70ctl.weights.pins import parse_model_pins
+from sm70ctl.weights.verify import verify_folder
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO = "test-org/tiny-gptq-int8"
+COMMIT = hashlib.sha1(b"verify commit").hexdigest()
+
+
+@pytest.fixture
+def fetched(tmp_path: Path) -> Path:
+    """A folder fetched from a hub server that is stopped again before the test runs."""
+    text = lock_text("tiny", REPO, COMMIT)
+    (tmp_path / "models.lock.toml").write_text(text)
+    pin = parse_model_pins(tomllib.loads(text), "test.lock")[0]
+    server = HubServer()
+    server.add_repo(Repo(REPO, {COMMIT: tiny_files()}))
+    with server:
+        fetch_pin(pin, FetchConfig(weights_dir=tmp_path / "models", endpoint=server.url,
+                                   progress=False))
+    return tmp_path / "models" / "tiny"
+
+
+def _cli(tmp_path: Path, *args: str):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM70_", "HF_"))}
+    # No hub anywhere: verify must not need one.
+    env.update(SM70_WEIGHTS_DIR=str(tmp_path / "models"), HF_HUB_OFFLINE="1",
+               HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf-home"),
+               COLUMNS="200")
+    return subprocess.run(
+        [sys.executable, "-m", "sm70ctl", "weights", "verify", "--lock",
+         str(tmp_path / "models.lock.toml"), *args],
+        env=env, text=True, capture_output=True, timeout=120,
+    )
+
+
+def _flip_byte(path: Path, offset: int = 4096) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_clean_folder_verifies_offline(fetched, tmp_path):
+    res = _cli(tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "tiny" in res.stdout and "ok" in res.stdout
+    data = json.loads(_cli(tmp_path, "--json").stdout)
+    assert data[0]["ok"] is True and data[0]["issues"] == [] and data[0]["revision"] == COMMIT
+
+
+def test_unchanged_files_are_not_rehashed(fetched):
+    first = verify_folder(fetched)
+    assert first.ok and first.hashed == 0  # the fetch recorded every file's stat
+    os.utime(fetched / SMALL)  # touched: new mtime, same content
+    second = verify_folder(fetched)
+    assert second.ok and second.hashed == 1
+    third = verify_folder(fetched)  # the new stat was recorded
+    assert third.ok and third.hashed == 0
+    assert verify_folder(fetched, full=True).hashed == first.files
+
+
+def test_tampered_file_exits_1_naming_it(fetched, tmp_path):
+    _flip_byte(fetched / BIG)
+    res = _cli(tmp_path)
+    assert res.returncode == 1
+    assert BIG in res.stderr  # the error line names the file
+    data = json.loads(_cli(tmp_path, "--json").stdout)
+    assert [(i["kind"], i["path"]) for i in data[0]["issues"]] == [("corrupted", BIG)]
+
+
+def test_tamper_behind_a_restored_mtime_needs_full(fetched, tmp_path):
+    st = (fetched / SMALL).stat()
+    _flip_byte(fetched / SMALL, 10)
+    os.utime(fetched / SMALL, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert verify_folder(fetched).ok  # same size, mtime, inode: the fast path trusts it
+    full = _cli(tmp_path, "--full")
+    assert full.returncode == 1 and SMALL in full.stderr
+
+
+def test_missing_extra_and_truncated_files(fetched, tmp_path):
+    (fetched / "tokenizer_config.json").unlink()
+    (fetched / "notes.txt").write_text("not from the hub")
+    with open(fetched / SMALL, "r+b") as f:
+        f.truncate(100)
+    data = json.loads(_cli(tmp_path, "--json").stdout)[0]
+    kinds = {(i["kind"], i["path"]) for i in data["issues"]}
+    assert kinds == {("missing", "tokenizer_config.json"), ("extra", "notes.txt"),
+                     ("corrupted", SMALL)}
+    res = _cli(tmp_path)
+    assert res.returncode == 1
+    for name in ("tokenizer_config.json", "notes.txt", SMALL):
+        assert name in res.stderr
+
+
+def test_offline_fetch_lists_exactly_what_is_missing(fetched, tmp_path):
+    (fetched / BIG).unlink()
+    env_args = ["--lock", str(tmp_path / "models.lock.toml")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM70_", "HF_"))}
+    env.update(SM70_WEIGHTS_DIR=str(tmp_path / "models"), HF_HUB_OFFLINE="1", COLUMNS="200")
+    res = subprocess.run([sys.executable, "-m", "sm70ctl", "weights", "fetch", "--offline",
+                          *env_args], env=env, text=True, capture_output=True, timeout=120)
+    assert res.returncode == 1
+    assert BIG in res.stderr and "missing" in res.stdout
+
+
+def test_bad_quant_config_fails_verify(fetched, tmp_path):
+    cfg_path = fetched / "config.json"
+    config = json.loads(cfg_path.read_text())
+    config["quantization_config"]["group_size"] = 64
+    cfg_path.write_text(json.dumps(config))
+    res = _cli(tmp_path, "--json")
+    assert res.returncode == 1
+    data = json.loads(res.stdout)[0]
+    # both the changed file and the quantization problem are reported
+    assert ("corrupted", "config.json") in {(i["kind"], i["path"]) for i in data["issues"]}
+    assert [q["field"] for q in data["quant_problems"]] == ["quantization_config.group_size"]
+
+
+def test_folder_without_manifest(tmp_path):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "model.safetensors").write_bytes(b"x")
+    report = verify_folder(tmp_path / "plain")
+    assert not report.ok
+    assert report.issues[0].kind == "no-manifest"
+    res = subprocess.run([sys.executable, "-m", "sm70ctl", "weights", "verify", "--dir",
+                          str(tmp_path / "plain")], text=True, capture_output=True, timeout=60)
+    assert res.returncode == 1 and "manifest" in res.stderr
+
+
+def test_missing_folder(tmp_path):
+    report = verify_folder(tmp_path / "nope")
+    assert not report.ok and "does not exist" in report.issues[0].detail
+
+
+def test_unreadable_manifest_is_a_clear_error(fetched):
+    from sm70ctl.errors import Sm70Error
+
+    (fetched / ".sm70" / "manifest.json").write_text("{not json")
+    with pytest.raises(Sm70Error, match=r"manifest .* is unreadable"):
+        verify_folder(fetched)
+
+
+def test_manifest_writes_leave_no_temporary_files(fetched):
+    os.utime(fetched / SMALL)
+    verify_folder(fetched)  # rewrites the manifest (new stat)
+    assert sorted(p.name for p in (fetched / ".sm70").iterdir()) == [
+        "fetch.lock", "manifest.json", "partial"]

@@ -1,0 +1,200 @@
+"""The plugin's typed, frozen configuration, read from the SM70_PLUGIN_CONFIG env var.
+
+`sm70ctl` (sm70ctl/launch.py) builds it from the SM70_* settings and passes it to every vLLM
+process as JSON; the plugin reads it with `PluginConfig.from_env()`. This module imports
+only the standard library: it runs inside vLLM workers before torch is touched.
+
+The defaults here equal what the settings defaults produce (a test in the sm70ctl suite
+compares them), so a plugin started without SM70_PLUGIN_CONFIG behaves like the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any, get_type_hints
+
+ENV_VAR = "SM70_PLUGIN_CONFIG"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    state_block_multiplier: int = 8
+    split_pools: bool = True
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    prefill_kernel: str = "cutlass_fmha"
+    decode_tensor_cores: bool = True
+    uniform_decode: bool = True
+    decode_max_splits: int = 64
+    paged_prefill: bool = True
+
+
+@dataclass(frozen=True)
+class SparsePrefillConfig:
+    enabled: bool = True
+    percent: float = 10.0
+    mass: float = 0.85
+    block: int = 64
+    min_len: int = 2048
+    decode_top_fraction: float = 0.0
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    int8_gemv: bool = True
+    attn_weights_12bit: bool = False
+    int8_lm_head: bool = True
+    tuning: str = "cached"
+    gemv_max_rows: int = 8
+
+
+@dataclass(frozen=True)
+class AllreduceConfig:
+    mode: str = "auto"  # auto | fp16 | int12
+    buffer_bytes: int = 16 * 1024**2
+
+
+@dataclass(frozen=True)
+class GdnConfig:
+    kernel: str = "sm70"
+    chunk_size: int = 64
+    state_dtype: str = "int16"
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    draft_head_dtype: str = "int8"
+    draft_cudagraph: bool = True
+    ngram_assist: bool = True
+    ngram_min: int = 2
+    ngram_max: int = 8
+
+
+@dataclass(frozen=True)
+class ClefConfig:
+    enabled: bool = False
+    dir: str = "~/.cache/sm70ctl/models/clef-correction"
+    rank: int = 256
+    max_model_len: int = 16384
+    max_questions: int = 64
+
+
+@dataclass(frozen=True)
+class LogprobsConfig:
+    prompt_chunk: int = 256
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    version: int = VERSION
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    sparse_prefill: SparsePrefillConfig = field(default_factory=SparsePrefillConfig)
+    gemm: GemmConfig = field(default_factory=GemmConfig)
+    allreduce: AllreduceConfig = field(default_factory=AllreduceConfig)
+    gdn: GdnConfig = field(default_factory=GdnConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    clef: ClefConfig = field(default_factory=ClefConfig)
+    logprobs: LogprobsConfig = field(default_factory=LogprobsConfig)
+
+    # --- (de)serialisation -----------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PluginConfig:
+        """Strict: unknown keys and wrong types raise ValueError naming the field."""
+        return _build(cls, data, "")
+
+    @classmethod
+    def from_json(cls, text: str) -> PluginConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{ENV_VAR} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{ENV_VAR} must be a JSON object")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PluginConfig:
+        """The configuration sm70ctl passed; the reference defaults when none was passed."""
+        env = os.environ if environ is None else environ
+        text = env.get(ENV_VAR)
+        return cls() if not text else cls.from_json(text)
+
+    def get(self, dotted: str) -> Any:
+        """A field by dotted path, e.g. `gdn.state_dtype`."""
+        value: Any = self
+        for part in dotted.split("."):
+            value = getattr(value, part)
+        return value
+
+
+def resolve_allreduce_mode(mode: str, nvlink: bool | None) -> str:
+    """`auto`: fp16 over NVLink (12-bit measured 0.8x there), 12-bit over PCIe (it won)."""
+    if mode != "auto":
+        return mode
+    if nvlink is None:
+        return "fp16"
+    return "fp16" if nvlink else "int12"
+
+
+_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{ENV_VAR}: unknown field(s) {[prefix + u for u in unknown]}")
+    kwargs: dict[str, Any] = {}
+    for name in known & set(data):
+        want = hints[name]
+        value = data[name]
+        path = prefix + name
+        if is_dataclass(want):
+            if not isinstance(value, Mapping):
+                raise ValueError(f"{ENV_VAR}: {path} must be an object")
+            kwargs[name] = _build(want, value, path + ".")
+            continue
+        ok = (
+            isinstance(value, bool)
+            if want is bool
+            else isinstance(value, (int, float)) and not isinstance(value, bool)
+            if want is float
+            else isinstance(value, want) and not isinstance(value, bool)
+        )
+        if not ok:
+            raise ValueError(f"{ENV_VAR}: {path} must be {want.__name__}, got {value!r}")
+        kwargs[name] = float(value) if want is float else value
+    obj = cls(**kwargs)
+    if getattr(obj, "version", VERSION) != VERSION:
+        raise ValueError(f"{ENV_VAR}: version {obj.version} is not {VERSION}; rebuild sm70ctl")
+    return obj
+
+
+__all__ = [
+    "ENV_VAR",
+    "AllreduceConfig",
+    "AttentionConfig",
+    "ClefConfig",
+    "GdnConfig",
+    "GemmConfig",
+    "LogprobsConfig",
+    "MemoryConfig",
+    "PluginConfig",
+    "SparsePrefillConfig",
+    "SpecConfig",
+    "resolve_allreduce_mode",
+]

@@ -1,0 +1,77 @@
+"""The `vllm.general_plugins` entry point: `register()`.
+
+vLLM calls `register()` in every process it starts (API server, engine core, each
+worker), possibly more than once per process; it must be idempotent and cheap. It reads
+the plugin configuration (vllm_patch.config, from SM70_PLUGIN_CONFIG) and registers what
+vLLM's hooks reach:
+
+- our custom ops: the csrc/ library `sm70ctl build` installs as
+  vllm_patch/_lib/sm70_kernels.so, loaded through `torch.ops.load_library` (torch is
+  imported only when that library exists);
+- the SM70 attention backend, registered in the CUSTOM slot of vLLM's backend registry
+  (`register_backend`) when its module `vllm_patch.attention` is present.
+
+What hooks cannot reach (the archs vLLM's own kernels are compiled for) is in the patch
+series, applied at build time. Nothing here imports vLLM at import time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("vllm_patch")
+
+LIB_DIR = Path(__file__).resolve().parent / "_lib"
+KERNELS_LIB = "sm70_kernels.so"
+ATTENTION_MODULE = "vllm_patch.attention"
+ATTENTION_CLASS = "vllm_patch.attention.Sm70PagedBackend"
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def register() -> dict[str, Any]:
+    """Register sm70ctl's extensions with vLLM; later calls return the first call's report."""
+    with _lock:
+        if _state:
+            _state["calls"] += 1
+            return dict(_state)
+        from vllm_patch.config import PluginConfig
+
+        config = PluginConfig.from_env()
+        report: dict[str, Any] = {"calls": 1, "config": config}
+        report["custom_ops"] = _load_custom_ops(LIB_DIR / KERNELS_LIB)
+        report["attention_backend"] = _register_attention_backend()
+        _state.update(report)
+        logger.info("sm70 plugin registered: custom ops %s, attention backend %s",
+                    report["custom_ops"], report["attention_backend"])
+        return dict(_state)
+
+
+def registered() -> dict[str, Any]:
+    """What `register()` did in this process (empty before the first call)."""
+    return dict(_state)
+
+
+def _load_custom_ops(lib: Path) -> str:
+    if not lib.is_file():
+        return "absent (not built: run `sm70ctl build`)"
+    import torch  # only once there is a library to load
+
+    torch.ops.load_library(str(lib))
+    return f"loaded {lib}"
+
+
+def _register_attention_backend() -> str:
+    if importlib.util.find_spec(ATTENTION_MODULE) is None:
+        return f"absent ({ATTENTION_MODULE} not installed)"
+    try:
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+    except ImportError:
+        return "skipped (this vLLM has no register_backend)"
+    register_backend(AttentionBackendEnum.CUSTOM, ATTENTION_CLASS)
+    return f"CUSTOM -> {ATTENTION_CLASS}"
