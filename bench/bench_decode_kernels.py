@@ -77,12 +77,27 @@ def time_graph(calls, reps: int = 7) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth() -> float:
-    n = 2 * 2**30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+def copy_bandwidth() -> dict:
+    """Device-to-device copy of 4 GiB, bytes read + written over time: eager and graphed."""
+    n = 4 * 2**30
+    src = torch.empty(n // 4, dtype=torch.float32, device="cuda").uniform_()
     dst = torch.empty_like(src)
-    t = time_graph([lambda: dst.copy_(src)] * 5)
-    return 2 * n / t / 1e9
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    eager = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        eager.append(start.elapsed_time(end) / 1e3)
+    t_graph = time_graph([lambda: dst.copy_(src)] * 4)
+    return {
+        "eager_gbps": 2 * n / statistics.median(eager) / 1e9,
+        "graph_gbps": 2 * n / t_graph / 1e9,
+    }
 
 
 def copies_for(nbytes: int) -> int:
@@ -129,16 +144,20 @@ def bench_gemv(name: str, n: int, k: int, m: int, copy_gbps: float) -> dict:
     }
 
 
-def bench_decode(ctx: int, qn: int, copy_gbps: float, sms: int, block_size: int = 16) -> dict:
+def bench_decode(
+    ctx: int, qn: int, copy_gbps: float, sms: int, mma: int = 0, block_size: int = 16
+) -> dict:
     hkv = 2
     nblk = math.ceil(ctx / block_size)
     per_copy = nblk * hkv * block_size * (256 + 4) * 2
     ncopy = copies_for(per_copy)
     total = nblk * ncopy
-    k_cache = torch.randint(-127, 128, (total, hkv, block_size, 256), dtype=torch.int8,
-                            device="cuda")
-    v_cache = torch.randint(-127, 128, (total, hkv, block_size, 256), dtype=torch.int8,
-                            device="cuda")
+    k_cache = torch.randint(
+        -127, 128, (total, hkv, block_size, 256), dtype=torch.int8, device="cuda"
+    )
+    v_cache = torch.randint(
+        -127, 128, (total, hkv, block_size, 256), dtype=torch.int8, device="cuda"
+    )
     k_scale = torch.rand(total, hkv, block_size, device="cuda") * 0.02 + 1e-3
     v_scale = torch.rand(total, hkv, block_size, device="cuda") * 0.02 + 1e-3
     perm = torch.randperm(total, device="cuda").int()  # scattered blocks, as in serving
@@ -147,8 +166,21 @@ def bench_decode(ctx: int, qn: int, copy_gbps: float, sms: int, block_size: int 
     q = torch.randn(qn, 12, 256, device="cuda").half()
     splits = ref.decode_num_splits(ctx, 1, hkv, sms, max_splits=256)
     calls = [
-        (lambda i=i: torch.ops.sm70.paged_decode(
-            q, k_cache, v_cache, k_scale, v_scale, tables[i % ncopy], seq, qn, 0.0625, splits))
+        (
+            lambda i=i: torch.ops.sm70.paged_decode(
+                q,
+                k_cache,
+                v_cache,
+                k_scale,
+                v_scale,
+                tables[i % ncopy],
+                seq,
+                qn,
+                0.0625,
+                splits,
+                mma,
+            )
+        )
         for i in range(max(ncopy, 8))
     ]
     t = time_graph(calls)
@@ -159,6 +191,7 @@ def bench_decode(ctx: int, qn: int, copy_gbps: float, sms: int, block_size: int 
         "context": ctx,
         "q_rows": qn,
         "splits": splits,
+        "mma": {0: "auto", 1: "m8n8k4", 2: "m16n8k16"}[mma],
         "us": t * 1e6,
         "bytes": moved,
         "gbps": gbps,
@@ -182,7 +215,7 @@ def render(result: dict) -> str:
             f"{r['speedup_vs_fp16_linear']:>8.2f}{r['v100_floor_us_projected']:>10.1f}"
         )
     for r in result["decode"]:
-        case = f"ctx={r['context']} q={r['q_rows']} s={r['splits']}"
+        case = f"ctx={r['context']} q={r['q_rows']} s={r['splits']} {r['mma']}"
         lines.append(
             f"{'attention':<13}{case:<24}{r['us']:>9.1f}{r['gbps']:>8.0f}"
             f"{100 * r['frac_of_copy']:>6.0f}%{'':>9}{'':>8}{r['v100_floor_us_projected']:>10.1f}"
@@ -201,29 +234,34 @@ def main() -> int:
         return 1
     load_extension()
     props = torch.cuda.get_device_properties(0)
-    copy = copy_bandwidth()
+    copies = copy_bandwidth()
+    copy = max(copies.values())
     shapes = GEMV_SHAPES[:2] if args.quick else GEMV_SHAPES
     gemv = [bench_gemv(nm, n, k, m, copy) for nm, n, k in shapes for m in (1, 4)]
+    sms = props.multi_processor_count
+    native = 2 if props.major >= 8 else 1  # m8n8k4 is emulated on sm_80+
     decode = [
-        bench_decode(ctx, qn, copy, props.multi_processor_count)
-        for ctx in (4096, 65536, 262144)
-        for qn in (1, 4)
+        bench_decode(ctx, qn, copy, sms, native) for ctx in (4096, 65536, 262144) for qn in (1, 4)
     ]
+    if native == 2:  # the Volta instruction path on this GPU, for the record
+        decode.append(bench_decode(65536, 4, copy, sms, 1))
     large_m1 = [r for r in gemv if r["m"] == 1 and r["shape"] in LARGE]
-    long_ctx = [r for r in decode if r["context"] >= 65536]
+    # targets use the fastest tensor-core path of this GPU (all rows on a V100)
+    long_ctx = [
+        r for r in decode if r["context"] >= 65536 and (native == 1 or r["mma"] != "m8n8k4")
+    ]
     result = {
         "device": props.name,
         "sm_count": props.multi_processor_count,
         "torch": torch.__version__,
         "copy_gbps": copy,
+        "copy_variants_gbps": copies,
         "l2_handling": "rotating weight/KV copies >= 512 MiB per case; CUDA-graph replay",
         "gemv": gemv,
         "decode": decode,
         "targets": {
             "gemv_m1_large_min_frac_of_copy": min(r["frac_of_copy"] for r in large_m1),
-            "gemv_m1_large_min_speedup_vs_fp16": min(
-                r["speedup_vs_fp16_linear"] for r in large_m1
-            ),
+            "gemv_m1_large_min_speedup_vs_fp16": min(r["speedup_vs_fp16_linear"] for r in large_m1),
             "decode_64k_up_min_frac_of_copy": min(r["frac_of_copy"] for r in long_ctx),
         },
     }

@@ -64,8 +64,7 @@ def test_tensor_core_kernels_use_m8n8k4(compiled):
 def test_every_header_is_self_contained(toolchain):
     """Each kernel header compiles on its own (no torch, no host-only includes)."""
     for header in sorted(p.name for p in (nvrtc.CSRC / "kernels").glob("*.cuh")):
-        _, cubin, _ = nvrtc.nvrtc_compile(f'#include "{header}"\n', f"{header}.cu", [],
-                                            toolchain)
+        _, cubin, _ = nvrtc.nvrtc_compile(f'#include "{header}"\n', f"{header}.cu", [], toolchain)
         assert nvrtc.elf_sm(cubin) == 70
         text = (nvrtc.CSRC / "kernels" / header).read_text()
         assert not re.search(r"#include\s*[<\"](torch|ATen|c10)", text), header

@@ -121,7 +121,8 @@ def test_dropped_connection_resumes_with_range(tmp_path, hub, files):
     assert (tmp_path / "models" / "tiny" / BIG).read_bytes() == files[BIG]
 
 
-def test_killed_fetch_resumes_from_partial_file(tmp_path, hub, files):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["kill", "ctrl-c"])
+def test_interrupted_fetch_resumes_from_partial_file(tmp_path, hub, files, sig):
     lock = _write_lock(tmp_path)
     hub.stall_once[BIG] = 11 * 1024 * 1024
     env = _cli_env(tmp_path)
@@ -141,8 +142,15 @@ def test_killed_fetch_resumes_from_partial_file(tmp_path, hub, files):
         else:
             pytest.fail("the partial file never reached 10 MiB")
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate()
+        proc.send_signal(sig)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+    if sig == signal.SIGINT:  # Ctrl-C: the conventional 130, no traceback
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err
     have = part.stat().st_size
     assert 0 < have < len(files[BIG])
 
@@ -339,3 +347,26 @@ def test_a_second_fetch_into_the_same_folder_is_refused(tmp_path, hub):
     finally:
         os.close(fd)
     fetch_pin(_pin(), _cfg(tmp_path, hub))  # released: it goes through
+
+
+def test_hub_server_speaks_the_clients_high_level_api(tmp_path, hub, files):
+    # The server is a faithful enough hub for huggingface_hub's own entry points too:
+    # a branch resolved through /revision/, snapshot_download, get_paths_info.
+    from huggingface_hub import HfApi, snapshot_download
+
+    api = HfApi(endpoint=hub.url, token=False)
+    assert api.model_info(REPO, revision="main").sha == COMMIT
+    (info,) = api.get_paths_info(REPO, [BIG], revision=COMMIT)
+    assert info.lfs.sha256 == hashlib.sha256(files[BIG]).hexdigest()
+    out = snapshot_download(REPO, revision="main", local_dir=tmp_path / "snap",
+                            endpoint=hub.url, token=False, allow_patterns=["*.json"])
+    assert (Path(out) / "config.json").read_bytes() == files["config.json"]
+
+
+@pytest.mark.parametrize("bad", ["../escape.json", ".sm70/manifest.json"])
+def test_unsafe_paths_from_the_hub_are_refused(tmp_path, files, bad):
+    server = HubServer()
+    server.add_repo(Repo(REPO, {COMMIT: {**files, bad: b"{}"}}))
+    with server, pytest.raises(Sm70Error, match="unsafe path"):
+        fetch_pin(_pin(), _cfg(tmp_path, server))
+    assert not (tmp_path / "models" / "escape.json").exists()

@@ -11,6 +11,7 @@
 typedef unsigned char uint8_t;
 typedef signed char int8_t;
 typedef int int32_t;
+typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef long long int64_t;
 #else

@@ -128,7 +128,7 @@ void kv_int8_write(const Tensor& key, const Tensor& value, Tensor& k_cache, Tens
 Tensor paged_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                     const Tensor& k_scale, const Tensor& v_scale, const Tensor& block_tables,
                     const Tensor& seq_lens, int64_t q_per_seq, double sm_scale,
-                    int64_t num_splits) {
+                    int64_t num_splits, int64_t mma) {
   for (const Tensor* t : std::initializer_list<const Tensor*>{&q, &k_cache, &v_cache, &k_scale, &v_scale, &block_tables, &seq_lens})
     SM70_CHECK_CUDA(*t);
   SM70_CHECK_DTYPE(q, at::kHalf);
@@ -153,8 +153,16 @@ Tensor paged_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   TORCH_CHECK(seq_lens.numel() == batch && block_tables.dim() == 2 &&
                   block_tables.size(0) == batch && block_tables.stride(1) == 1,
               "seq_lens [B] and block_tables [B, max_blocks] must match the batch ", batch);
-  TORCH_CHECK(num_splits >= 1 && num_splits <= 1024, "num_splits must be 1..1024");
+  TORCH_CHECK(num_splits >= 1 && num_splits <= sm70::kPdMaxSplits, "num_splits must be 1..",
+              sm70::kPdMaxSplits);
+  TORCH_CHECK(mma >= 0 && mma <= 2, "mma must be 0 (auto), 1 (m8n8k4) or 2 (m16n8k16)");
   const c10::cuda::CUDAGuard guard(q.device());
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                        q.device().index()));
+  TORCH_CHECK(mma != 2 || major >= 8, "mma=2 (m16n8k16) needs compute capability 8.0+");
+  // auto: Volta's m8n8k4 where it is native, m16n8k16 where m8n8k4 is emulated
+  const bool native = mma == 2 || (mma == 0 && major >= 8);
   Tensor out = at::empty_like(q);
   const int64_t rows = 6 * q_per_seq;
   Tensor part_o, part_ml;
@@ -181,11 +189,16 @@ Tensor paged_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   p.num_splits = (int)num_splits;
   p.scale_log2 = (float)(sm_scale * 1.4426950408889634);
   auto stream = c10::cuda::getCurrentCUDAStream();
-  switch (q_per_seq) {
-    case 1: sm70::launch_paged_decode<6, 1>(p, (int)batch, stream); break;
-    case 2: sm70::launch_paged_decode<6, 2>(p, (int)batch, stream); break;
-    case 3: sm70::launch_paged_decode<6, 3>(p, (int)batch, stream); break;
-    default: sm70::launch_paged_decode<6, 4>(p, (int)batch, stream); break;
+  const int bsz = (int)batch;
+  switch (q_per_seq * 2 + (native ? 1 : 0)) {
+    case 2: sm70::launch_paged_decode<6, 1, false>(p, bsz, stream); break;
+    case 3: sm70::launch_paged_decode<6, 1, true>(p, bsz, stream); break;
+    case 4: sm70::launch_paged_decode<6, 2, false>(p, bsz, stream); break;
+    case 5: sm70::launch_paged_decode<6, 2, true>(p, bsz, stream); break;
+    case 6: sm70::launch_paged_decode<6, 3, false>(p, bsz, stream); break;
+    case 7: sm70::launch_paged_decode<6, 3, true>(p, bsz, stream); break;
+    case 8: sm70::launch_paged_decode<6, 4, false>(p, bsz, stream); break;
+    default: sm70::launch_paged_decode<6, 4, true>(p, bsz, stream); break;
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -280,8 +293,8 @@ TORCH_LIBRARY(sm70, m) {
       "Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor slot_mapping) -> ()");
   m.def(
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_scale, Tensor v_scale, "
-      "Tensor block_tables, Tensor seq_lens, int q_per_seq, float sm_scale, int num_splits) "
-      "-> Tensor");
+      "Tensor block_tables, Tensor seq_lens, int q_per_seq, float sm_scale, int num_splits, "
+      "int mma=0) -> Tensor");
   m.def(
       "int8_gemm_lowrank(Tensor x, Tensor qw, Tensor sz, int group_size, Tensor? bias, "
       "Tensor? a_t, Tensor? b_t, Tensor? row_mask) -> Tensor");

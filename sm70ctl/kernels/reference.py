@@ -202,7 +202,11 @@ def paged_decode_reference(
 
 
 def decode_num_splits(
-    max_context: int, batch: int, kv_heads: int, sm_count: int, max_splits: int = 64,
+    max_context: int,
+    batch: int,
+    kv_heads: int,
+    sm_count: int,
+    max_splits: int = 64,
     min_tokens_per_split: int = 256,
 ) -> int:
     """Splits per (sequence, KV head) so the grid covers the GPU about 4 times over."""

@@ -37,7 +37,9 @@ VARIANTS: tuple[KernelVariant, ...] = (
     ),
     KernelVariant("kv_int8.cuh", "sm70::kv_int8_write_kernel<256>", 128),
     *(
-        KernelVariant("paged_decode.cuh", f"sm70::paged_decode_kernel<{GQA_GROUP}, {qn}>", 128)
+        KernelVariant(
+            "paged_decode.cuh", f"sm70::paged_decode_kernel<{GQA_GROUP}, {qn}, false>", 128
+        )
         for qn in range(1, MAX_QUERY_ROWS + 1)
     ),
     *(

@@ -187,7 +187,7 @@ def check_quant(i: PreflightInputs) -> Check:
 def check_cache(i: PreflightInputs) -> Check:
     fp = f" [{i.cache.fingerprint}]" if i.cache.fingerprint else ""
     if i.cache.warm:
-        return Check("compile cache", PASS, f"warm{fp}")
+        return Check("compile cache", PASS, f"warm{fp}: {i.cache.reason}")
     if i.allow_cold:
         return Check(
             "compile cache",

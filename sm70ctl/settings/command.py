@@ -107,8 +107,11 @@ def list_(
         }
         for v in variables
     ]
-    rows = [[v.name, v.type, "***" if v.secret else v.default, consumers_text(v), v.summary]
-            for v in variables]
+    rows = [
+        [v.name, v.type, "***" if v.secret else v.default, consumers_text(v, code=False),
+         v.summary]
+        for v in variables
+    ]
     Output(json).emit(data, lambda c: c.print(make_table(
         f"{len(rows)} SM70_* variables", ["name", "type", "default", "takes effect in", "summary"],
         rows,

@@ -58,8 +58,9 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def consumers_text(spec: VarSpec) -> str:
-    return "; ".join(f"{c.kind}: `{c.target}`" for c in spec.consumers)
+def consumers_text(spec: VarSpec, code: bool = True) -> str:
+    tick = "`" if code else ""
+    return "; ".join(f"{c.kind}: {tick}{c.target}{tick}" for c in spec.consumers)
 
 
 def _default(spec: VarSpec) -> str:

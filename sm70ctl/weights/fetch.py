@@ -27,7 +27,7 @@ import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
@@ -274,6 +274,10 @@ def list_remote(pin: ModelPin, cfg: FetchConfig) -> list[RemoteFile]:
     out = []
     for e in entries:
         if isinstance(e, RepoFile):
+            parts = PurePosixPath(e.path).parts
+            if e.path.startswith("/") or ".." in parts or (parts and parts[0] == STATE_DIR):
+                raise Sm70Error(f"the hub listed an unsafe path {e.path!r} in "
+                                f"{pin.repo_id}@{pin.revision}; refusing to write it")
             out.append(
                 RemoteFile(
                     path=e.path,

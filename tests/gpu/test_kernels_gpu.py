@@ -101,26 +101,56 @@ def test_gptq_gemv_lm_head_per_row(m):
 
 @pytest.mark.parametrize("n", [1, 3, 17, 130])
 def test_gptq_gemv_edges(n):
-    """Odd N (partial warps and blocks), one group, K tail not a multiple of 512."""
+    """Odd N (partial blocks), one group, K tails not a multiple of the 2048-code step.
+
+    GPTQ packing needs N % 4 == 0, so odd N uses the repacked layout directly.
+    """
     gen = torch.Generator(device="cuda").manual_seed(n)
-    for k in (128, 384, 1152):
-        qweight, qzeros, scales = random_gptq(n, k, gen=gen)
-        qw, sz = ref.repack_gptq_int8(qweight, qzeros, scales, 128)
+    for k in (128, 384, 1152, 2064 - 16):
+        g = 16 if k % 128 else 128
+        qw = torch.randint(0, 256, (n, k), dtype=torch.uint8, device="cuda", generator=gen)
+        sz = torch.empty(n, k // g, 2, device="cuda", dtype=torch.float16)
+        sz[..., 0] = (torch.rand(n, k // g, device="cuda", generator=gen) * 2e-3 + 1e-4).half()
+        sz[..., 1] = torch.randint(1, 256, (n, k // g), device="cuda", generator=gen).half()
         for m in (1, 2, 5):
             x = torch.randn(m, k, device="cuda", generator=gen).half()
             bias = torch.randn(n, device="cuda", generator=gen).half()
-            y = torch.ops.sm70.gptq_gemv(x, qw, sz, 128, bias)
-            want = ref.gemv_reference(x, ref.dequant_repacked(qw, sz, 128), bias)
+            y = torch.ops.sm70.gptq_gemv(x, qw, sz, g, bias)
+            want = ref.gemv_reference(x, ref.dequant_repacked(qw, sz, g), bias)
             assert rel_err(y, want) < 2e-3, (k, m)
 
 
+REJECT_SCRIPT = """
+import torch
+from sm70ctl.kernels.loader import load_extension
+load_extension()
+qw = torch.zeros(8, 128, dtype=torch.uint8, device="cuda")
+sz = torch.zeros(8, 1, 2, dtype=torch.float16, device="cuda")
+for m, g in ((9, 128), (1, 100)):
+    try:
+        torch.ops.sm70.gptq_gemv(torch.zeros(m, 128, device="cuda").half(), qw, sz, g, None)
+    except RuntimeError as exc:
+        print("REJECTED:", str(exc).splitlines()[0])
+"""
+
+
 def test_gptq_gemv_rejects_bad_input():
-    qw = torch.zeros(8, 128, dtype=torch.uint8, device="cuda")
-    sz = torch.zeros(8, 1, 2, dtype=torch.float16, device="cuda")
-    with pytest.raises(RuntimeError, match="1 to 8 rows"):
-        torch.ops.sm70.gptq_gemv(torch.zeros(9, 128, device="cuda").half(), qw, sz, 128, None)
-    with pytest.raises(RuntimeError, match="group_size"):
-        torch.ops.sm70.gptq_gemv(torch.zeros(1, 128, device="cuda").half(), qw, sz, 100, None)
+    """Bad shapes raise a clear RuntimeError (in a child: a crash must not end the run)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", REJECT_SCRIPT],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "1 to 8 rows" in proc.stdout and "group_size" in proc.stdout, proc.stdout
 
 
 # ------------------------------------------------------------------ KV cache write
@@ -159,10 +189,12 @@ def fill_paged(ctxs, block_size, hkv=2, gen=None, extra_blocks=3):
     """Random int8 cache with a shuffled block table per sequence."""
     need = [math.ceil(c / block_size) for c in ctxs]
     nb = sum(need) + extra_blocks
-    k_cache = torch.randint(-127, 128, (nb, hkv, block_size, 256), dtype=torch.int8,
-                            device="cuda", generator=gen)
-    v_cache = torch.randint(-127, 128, (nb, hkv, block_size, 256), dtype=torch.int8,
-                            device="cuda", generator=gen)
+    k_cache = torch.randint(
+        -127, 128, (nb, hkv, block_size, 256), dtype=torch.int8, device="cuda", generator=gen
+    )
+    v_cache = torch.randint(
+        -127, 128, (nb, hkv, block_size, 256), dtype=torch.int8, device="cuda", generator=gen
+    )
     k_scale = torch.rand(nb, hkv, block_size, device="cuda", generator=gen) * 0.02 + 1e-3
     v_scale = torch.rand(nb, hkv, block_size, device="cuda", generator=gen) * 0.02 + 1e-3
     perm = torch.randperm(nb, device="cuda", generator=gen).int()
@@ -191,14 +223,22 @@ DECODE_CASES = [
 ]
 
 
+def mma_paths() -> list[int]:
+    """1: Volta m8n8k4 (emulated but correct on sm_80+); 2: m16n8k16 where the GPU has it."""
+    if not torch.cuda.is_available():
+        return [1]
+    return [1, 2] if torch.cuda.get_device_capability(0)[0] >= 8 else [1]
+
+
+@pytest.mark.parametrize("mma", mma_paths())
 @pytest.mark.parametrize("ctxs,qn,block_size,splits", DECODE_CASES)
-def test_paged_decode(ctxs, qn, block_size, splits):
+def test_paged_decode(ctxs, qn, block_size, splits, mma):
     gen = torch.Generator(device="cuda").manual_seed(len(ctxs) * 1000 + sum(ctxs) + qn)
     cache = fill_paged(ctxs, block_size, gen=gen)
     q = torch.randn(len(ctxs) * qn, 12, 256, device="cuda", generator=gen).half()
     scale = 1.0 / 16.0
     poison(q.numel() * 2)
-    out = torch.ops.sm70.paged_decode(q, *cache, qn, scale, splits)
+    out = torch.ops.sm70.paged_decode(q, *cache, qn, scale, splits, mma)
     want = ref.paged_decode_reference(q, *cache, qn, scale)
     assert out.shape == q.shape
     assert rel_err(out, want) < 5e-3
@@ -210,20 +250,22 @@ def test_paged_decode_splits_agree():
     gen = torch.Generator(device="cuda").manual_seed(11)
     cache = fill_paged([3000, 1234], 16, gen=gen)
     q = torch.randn(2 * 4, 12, 256, device="cuda", generator=gen).half()
-    one = torch.ops.sm70.paged_decode(q, *cache, 4, 0.0625, 1)
-    many = torch.ops.sm70.paged_decode(q, *cache, 4, 0.0625, 37)
-    assert rel_err(many, one.float()) < 2e-3
+    one = torch.ops.sm70.paged_decode(q, *cache, 4, 0.0625, 1, 1)
+    for mma in mma_paths():
+        many = torch.ops.sm70.paged_decode(q, *cache, 4, 0.0625, 37, mma)
+        assert rel_err(many, one.float()) < 2e-3
 
 
+@pytest.mark.parametrize("mma", mma_paths())
 @pytest.mark.parametrize("qn", [1, 4])
-def test_paged_decode_262k(qn):
+def test_paged_decode_262k(qn, mma):
     gen = torch.Generator(device="cuda").manual_seed(262 + qn)
     ctx = 262144
     cache = fill_paged([ctx], 16, gen=gen)
     q = torch.randn(qn, 12, 256, device="cuda", generator=gen).half()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     splits = ref.decode_num_splits(ctx, 1, 2, sms)
-    out = torch.ops.sm70.paged_decode(q, *cache, qn, 0.0625, splits)
+    out = torch.ops.sm70.paged_decode(q, *cache, qn, 0.0625, splits, mma)
     want = ref.paged_decode_reference(q, *cache, qn, 0.0625)
     assert rel_err(out, want) < 5e-3
 
@@ -236,13 +278,15 @@ def test_decode_write_then_read_roundtrip():
     k_cache, v_cache, k_scale, v_scale = make_cache(nb, 2, bs)
     key = torch.randn(ctx, 2, 256, device="cuda", generator=gen).half()
     value = torch.randn(ctx, 2, 256, device="cuda", generator=gen).half()
-    torch.ops.sm70.kv_int8_write(key, value, k_cache, v_cache, k_scale, v_scale,
-                                 torch.arange(ctx, device="cuda"))
+    torch.ops.sm70.kv_int8_write(
+        key, value, k_cache, v_cache, k_scale, v_scale, torch.arange(ctx, device="cuda")
+    )
     tables = torch.arange(nb, dtype=torch.int32, device="cuda")[None]
     seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
     q = torch.randn(qn, 12, 256, device="cuda", generator=gen).half()
-    out = torch.ops.sm70.paged_decode(q, k_cache, v_cache, k_scale, v_scale, tables, seq, qn,
-                                      0.0625, 3)
+    out = torch.ops.sm70.paged_decode(
+        q, k_cache, v_cache, k_scale, v_scale, tables, seq, qn, 0.0625, 3
+    )
     # fp16 attention on the unquantised K/V (int8 error dominates the tolerance)
     kk = key.float().repeat_interleave(6, 1)
     vv = value.float().repeat_interleave(6, 1)
@@ -284,7 +328,11 @@ def test_int8_gemm_lowrank(m, n, k, rank, mask_kind):
     }[mask_kind]
     poison(m * n * 2)
     y = torch.ops.sm70.int8_gemm_lowrank(
-        x, qw, sz, 128, bias,
+        x,
+        qw,
+        sz,
+        128,
+        bias,
         a.t().contiguous() if a is not None else None,
         b.t().contiguous() if b is not None else None,
         mask,
