@@ -111,6 +111,29 @@ def make_archive(path: Path, top: str) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def make_wheel(path: Path) -> None:
+    """A real, installable pure-Python wheel: `import tiny; tiny.VALUE == 70`."""
+    import base64
+    import zipfile
+
+    files = {
+        "tiny/__init__.py": b"VALUE = 70\n",
+        "tiny-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tiny\nVersion: 1.0\n",
+        "tiny-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
+                                    b"Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append("tiny-1.0.dist-info/RECORD,,")
+    files["tiny-1.0.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            zf.writestr(info, data)
+
+
 @dataclass
 class Upstream:
     root: Path
@@ -139,7 +162,7 @@ def write_lock(path: Path, *, repo_url: str, commit: str, archive_url: str, arch
 cuda = "12.8"
 gcc_min = "11.4"
 gcc_max_major = 14
-python = "3.12"
+python = "{sys.version_info.major}.{sys.version_info.minor}"
 cuda_arch_list = "7.0"
 
 [[git]]
@@ -171,7 +194,7 @@ def make_upstream(root: Path, patches: tuple[str, ...] = (GOOD_PATCH, SECOND_PAT
     archive = root / "upstream" / "files" / "vllm-like-1.0.tar.gz"
     archive_sha = make_archive(archive, "vllm-like-1.0")
     wheel = root / "upstream" / "files" / "tiny-1.0-py3-none-any.whl"
-    wheel.write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip: enough for fetch/verify
+    make_wheel(wheel)
     wheel_sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
     series = root / "series"
     series.mkdir()

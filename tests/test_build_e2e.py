@@ -28,7 +28,9 @@ from build_fixtures import (
 
 from sm70ctl.build.sources import FetchError, git_checkout
 
-NETNS = netns_available()
+# The real network namespace when `unshare -rn` works here; SM70_TEST_NO_NETNS=1 forces
+# the fallback guard (to test that path too).
+NETNS = netns_available() and os.environ.get("SM70_TEST_NO_NETNS") != "1"
 
 
 def _loopback_ok() -> bool:
@@ -165,26 +167,31 @@ def test_mirror_create_verify_and_offline_build(up: Upstream, tmp_path: Path) ->
     ok = sm70ctl(["mirror", "verify", str(mirror), "--lock", str(up.lock)], up.env())
     assert ok.returncode == 0, ok.stderr
 
-    # Upstream disappears; the offline build must not need it, nor the network.
+    # Upstream disappears; the offline build must not need it, nor the network. It runs
+    # through the env stage: the wheelhouse is installed into a serving venv with pip.
     os.rename(up.root / "upstream", up.root / "gone")
+    import venv
+
+    venv.EnvBuilder(with_pip=True).create(up.root / "serve")
     env = _offline_env(up)
-    res = _build(up, "--offline", "--mirror", str(mirror), env=env, netns=NETNS)
+    res = _build(up, "--offline", "--mirror", str(mirror), "--stop-after", "env", env=env,
+                 netns=NETNS)
     assert res.returncode == 0, res.stderr
     (co,) = [p for p in (up.root / "build/steps/git-kernels-lib").iterdir() if p.is_dir()]
     assert (co / "HEAD").read_text().strip() == up.commit
+    probe = subprocess.run([str(up.root / "serve/bin/python"), "-c", "import tiny"])
+    assert probe.returncode == 0
     # SM70_MIRROR_DIR works the same as --mirror; a second offline run changes nothing.
     env["SM70_MIRROR_DIR"] = str(mirror)
-    again = _build(up, "--offline", env=env, netns=NETNS)
+    again = _build(up, "--offline", "--stop-after", "env", env=env, netns=NETNS)
     assert again.returncode == 0, again.stderr
     assert "nothing changed" in again.stdout
 
 
 @needs_loopback
-def test_network_namespace_really_cuts_the_network(up: Upstream) -> None:
+def test_offline_guard_really_cuts_the_network(up: Upstream) -> None:
     """The isolation the offline tests rely on is real: a download from a server that
-    works outside the namespace fails inside it."""
-    if not NETNS:
-        pytest.skip("unshare -rn is not available here; the sitecustomize guard is used")
+    works without the guard fails under it (network namespace, or the fallback)."""
     handler = type("H", (_SlowHandler,), {"payload": up.archive.read_bytes(),
                                           "stall": threading.Event(),
                                           "started": threading.Event()})
@@ -193,7 +200,7 @@ def test_network_namespace_really_cuts_the_network(up: Upstream) -> None:
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/vllm-like-1.0.tar.gz"
         up.lock.write_text(up.lock.read_text().replace(up.archive.as_uri(), url))
-        inside = _build(up, env=up.env(), netns=True)
+        inside = _build(up, env=_offline_env(up), netns=NETNS)
         assert inside.returncode == 1
         assert "cannot download" in inside.stderr
         outside = _build(up)
@@ -318,6 +325,39 @@ def test_interrupted_build_resumes_without_redoing_finished_steps(up: Upstream) 
     finally:
         _SlowHandler.stall.clear()
         server.shutdown()
+
+
+def test_env_stage_installs_the_wheelhouse_into_the_serving_python(up: Upstream) -> None:
+    import venv
+
+    venv.EnvBuilder(with_pip=True).create(up.root / "serve")
+    py = up.root / "serve" / "bin" / "python"
+    args = ["build", "--lock", str(up.lock), "--patches", str(up.series), "--stop-after", "env"]
+    res = sm70ctl([*args, "--json"], up.env())
+    assert res.returncode == 0, res.stderr
+    steps = {s["step"]: s["status"] for s in json.loads(res.stdout)["steps"]}
+    assert steps["serve-env"] == "built"
+    out = subprocess.run([str(py), "-c", "import tiny; print(tiny.VALUE)"],
+                         capture_output=True, text=True)
+    assert out.stdout.strip() == "70"
+    assert "nothing changed" in sm70ctl(args, up.env()).stdout
+    # A serving interpreter of another Python version is refused by name.
+    text = up.lock.read_text()
+    up.lock.write_text(text.replace(f'python = "{sys.version_info.major}.'
+                                    f'{sys.version_info.minor}"', 'python = "3.99"'))
+    wrong = sm70ctl(args, up.env())
+    assert wrong.returncode == 1
+    assert "the lock's wheels are for Python 3.99" in " ".join(wrong.stderr.split())
+    up.lock.write_text(text)
+    # The serving environment was deleted: the cached install no longer holds.
+    import shutil
+
+    shutil.rmtree(up.root / "serve")
+    plan = json.loads(sm70ctl([*args, "--dry-run", "--json"], up.env()).stdout)
+    assert {s["step"]: s["status"] for s in plan["steps"]}["serve-env"] == "invalid"
+    gone = sm70ctl(args, up.env())
+    assert gone.returncode == 1
+    assert "serving interpreter" in gone.stderr and "does not exist" in gone.stderr
 
 
 def test_compile_refuses_unsuitable_toolchain_plainly(up: Upstream, tmp_path: Path) -> None:

@@ -80,6 +80,10 @@ ptxas info    : Compiling entry function '_Z3barv' for 'sm_70'
 ptxas info    : Function properties for _Z3barv
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 255 registers, used 1 barriers, 360 bytes cmem[0]
+ptxas info    : Compiling entry function '_Z3bazv' for 'sm_70'
+ptxas info    : Function properties for _Z3bazv
+    8 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads
+ptxas info    : Used 96 registers, used 0 barriers, 8 bytes cumulative stack size, 192 bytes smem
 """
 
 
@@ -87,6 +91,7 @@ def test_parse_ptxas_verbose():
     res = nvrtc.parse_ptxas_verbose(PTXAS_SAMPLE)
     assert res["_Z3fooPf"] == nvrtc.Resources(40, 1024, 16, 8, 4)
     assert res["_Z3barv"] == nvrtc.Resources(255, 0, 0, 0, 0)
+    assert res["_Z3bazv"] == nvrtc.Resources(96, 192, 8, 8, 8)
 
 
 def test_limit_violations():

@@ -80,6 +80,14 @@ def test_series_applies_to_the_pinned_vllm_release(tmp_path: Path) -> None:
     assert re.search(r'set\(CUDA_SUPPORTED_ARCHS "7\.0;7\.5;', branch)
     cuda13 = cmake.split("VERSION_GREATER_EQUAL 13.0)", 1)[1].split("elseif", 1)[0]
     assert '"7.0' not in cuda13
+    # The attention enum names our backend, at the class path the plugin registers.
+    from vllm_patch.plugin import ATTENTION_CLASS
+
+    registry = src / "vllm" / "v1" / "attention" / "backends" / "registry.py"
+    text = registry.read_text()
+    compile(text, str(registry), "exec")
+    assert f'    SM70_PAGED = "{ATTENTION_CLASS}"' in text
+    assert text.index("SM70_PAGED =") < text.index("CUSTOM = None")
     # Applying twice must fail loudly (the series is not silently re-applied).
     with pytest.raises(PatchError, match="does not apply"):
         apply_series(src, list_series(series_dir()))

@@ -49,6 +49,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return whl
 
 
+def test_wheel_ships_the_lock_and_the_patch_series(wheel: Path) -> None:
+    import zipfile
+
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "sm70ctl/data/sm70.lock.toml" in names
+    assert "vllm_patch/patches/SERIES.md" in names
+    series = {p.name for p in (ROOT / "vllm_patch" / "patches").glob("*.patch")}
+    assert series and {f"vllm_patch/patches/{n}" for n in series} <= names
+    assert "sm70ctl/build/compile_kernels.py" in names
+
+
 def test_entry_point_in_a_fresh_venv_and_register_is_idempotent(wheel: Path,
                                                                 tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"

@@ -191,7 +191,7 @@ def test_dry_run_starts_nothing(env: dict[str, str], tmp_path: Path) -> None:
 
 
 # --- the whole life of a server ----------------------------------------------------------------
-def test_serve_lifecycle_sigterm_releases_port_and_lock(env: dict[str, str], tmp_path: Path) -> None:
+def test_serve_lifecycle_sigterm_frees_port_and_lock(env: dict[str, str], tmp_path: Path) -> None:
     port = int(env["SM70_PORT"])
     env["SM70_HF_TOKEN"] = "hf_do_not_leak"
     env["MY_SERVICE_TOKEN"] = "tok-do-not-log"
@@ -237,7 +237,7 @@ def test_server_dying_at_start_reports_log_tail(env: dict[str, str], tmp_path: P
     assert port_is_free(int(env["SM70_PORT"]))
 
 
-def test_sigkill_after_grace_when_server_ignores_sigterm(env: dict[str, str], tmp_path: Path) -> None:
+def test_sigkill_after_grace_if_sigterm_ignored(env: dict[str, str], tmp_path: Path) -> None:
     env.update({"FAKE_MODE": "ignore_term", "SM70_SHUTDOWN_GRACE": "1s"})
     proc = start_serve(env, tmp_path, "--allow-cold")
     try:

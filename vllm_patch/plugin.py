@@ -8,8 +8,9 @@ vLLM's hooks reach:
 - our custom ops: the csrc/ library `sm70ctl build` installs as
   vllm_patch/_lib/sm70_kernels.so, loaded through `torch.ops.load_library` (torch is
   imported only when that library exists);
-- the SM70 attention backend, registered in the CUSTOM slot of vLLM's backend registry
-  (`register_backend`) when its module `vllm_patch.attention` is present.
+- the SM70 attention backend, registered with vLLM's backend registry
+  (`register_backend`) under SM70_PAGED (the name patch 0002 adds), or in the CUSTOM slot
+  of an unpatched vLLM, when its module `vllm_patch.attention` is present.
 
 What hooks cannot reach (the archs vLLM's own kernels are compiled for) is in the patch
 series, applied at build time. Nothing here imports vLLM at import time.
@@ -73,5 +74,8 @@ def _register_attention_backend() -> str:
         from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
     except ImportError:
         return "skipped (this vLLM has no register_backend)"
-    register_backend(AttentionBackendEnum.CUSTOM, ATTENTION_CLASS)
-    return f"CUSTOM -> {ATTENTION_CLASS}"
+    # A vLLM built by `sm70ctl build` has the SM70_PAGED name (patch 0002); an unpatched
+    # one only offers the CUSTOM slot (then use --attention-backend CUSTOM).
+    slot = getattr(AttentionBackendEnum, "SM70_PAGED", None) or AttentionBackendEnum.CUSTOM
+    register_backend(slot, ATTENTION_CLASS)
+    return f"{slot.name} -> {ATTENTION_CLASS}"

@@ -8,9 +8,9 @@
 //                    G = K and zero = 128 (symmetric codes stored as q + 128).
 // y[m, n] = sum_k x[m, k] * w[k, n] (+ bias[n]), fp16 in and out, fp32 accumulation.
 //
-// Each block owns R output rows and its 4 warps split K between them (warp w takes chunk
-// steps w, w+4, ...), which keeps many short, independent streams of 16-byte loads in
-// flight even for N = 3-8K rows; a shared-memory sum joins the 4 partial results. Each lane
+// ksplit = 1: each warp owns R output rows and streams their whole K (large N: lm_head).
+// ksplit = 4: the block's 4 warps share R rows and split K (warp w takes chunk steps w,
+// w+4, ...), so N = 3-8K rows still fill the GPU; a shared-memory sum joins them. Each lane
 // takes 16-byte chunks (16 codes, all inside one group since G % 16 == 0), U per row in
 // flight. Codes become exact floats with a prmt "magic number" (no int->float conversion),
 // so the inner loop is one prmt, one add and M fused multiply-adds per weight byte. The x
@@ -22,7 +22,6 @@
 namespace sm70 {
 
 constexpr int kGemvWarps = 4;  // warps per block (128 threads)
-constexpr int kGemvUnroll = 2;  // chunks per row in flight per lane
 
 template <int M>
 struct GemvRows {
@@ -30,19 +29,28 @@ struct GemvRows {
   static constexpr int value = M <= 4 ? 4 : 2;
 };
 
+template <int M>
+struct GemvUnroll {
+  // chunks per row in flight per lane
+  static constexpr int value = 2;
+};
+
 template <int M, int R>
-__global__ void __launch_bounds__(kGemvWarps * 32)
+__global__ void __launch_bounds__(kGemvWarps * 32, M == 1 ? 5 : 1)
     gptq_gemv_kernel(const __half* __restrict__ x,     // [M, K]
                      const uint8_t* __restrict__ qw,   // [N, K]
                      const __half2* __restrict__ sz,   // [N, K / G]
                      const __half* __restrict__ bias,  // [N] or nullptr
                      __half* __restrict__ y,           // [M, N]
-                     int N, int K, int group_size) {
-  constexpr int U = kGemvUnroll;
+                     int N, int K, int group_size, int ksplit) {
+  constexpr int U = GemvUnroll<M>::value;
   const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;  // K slice
-  const int n0 = blockIdx.x * R;
+  const int warp = threadIdx.x >> 5;
+  const int nw = ksplit == 1 ? 1 : kGemvWarps;  // warps sharing one set of rows
+  const int kw = ksplit == 1 ? 0 : warp;        // this warp's K slice
+  const int n0 = (ksplit == 1 ? blockIdx.x * kGemvWarps + warp : blockIdx.x) * R;
   __shared__ float red[kGemvWarps][R * M];
+  if (ksplit == 1 && n0 >= N) return;
   const int nchunks = K >> 4;
   const int ngroups = K / group_size;
 
@@ -57,12 +65,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
   for (int r = 0; r < R; ++r) nrow[r] = min(n0 + r, N - 1);
 
-  for (int c0 = 0; c0 < nchunks; c0 += 32 * kGemvWarps * U) {
-    uint4 w[U][R];
-    __half2 s[U][R];
+  // One step: issue all U*R 16-byte loads, then the math. (A double-buffered variant that
+  // issued the next step's loads first measured slower on the H200: 128 registers cut
+  // occupancy more than the overlap gained.)
+  const int step = 32 * nw * U;
+  auto load_step = [&](int c0, uint4 (&w)[U][R], __half2 (&s)[U][R]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int c = c0 + (u * kGemvWarps + warp) * 32 + lane;
+      const int c = c0 + (u * nw + kw) * 32 + lane;
       const bool ok = c < nchunks;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -75,9 +85,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
         }
       }
     }
+  };
+  auto compute_step = [&](int c0, const uint4 (&w)[U][R], const __half2 (&s)[U][R]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int c = c0 + (u * kGemvWarps + warp) * 32 + lane;
+      const int c = c0 + (u * nw + kw) * 32 + lane;
       if (c >= nchunks) continue;
       float p[R][M];
 #pragma unroll
@@ -127,6 +139,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
         for (int m = 0; m < M; ++m) acc[r][m] = fmaf(sc, p[r][m], acc[r][m]);
       }
     }
+  };
+
+  for (int c0 = 0; c0 < nchunks; c0 += step) {
+    uint4 w[U][R];
+    __half2 s[U][R];
+    load_step(c0, w, s);
+    compute_step(c0, w, s);
   }
 
 #pragma unroll
@@ -134,9 +153,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const float v = warp_sum(acc[r][m]);
-      if (lane == 0) red[warp][r * M + m] = v;
+      if (ksplit == 1) {
+        const int n = n0 + r;
+        if (lane == ((r * M + m) & 31) && n < N) {
+          const float b = bias != nullptr ? __half2float(bias[n]) : 0.f;
+          y[(size_t)m * N + n] = __float2half_rn(v + b);
+        }
+      } else if (lane == 0) {
+        red[warp][r * M + m] = v;
+      }
     }
   }
+  if (ksplit == 1) return;
   __syncthreads();
   for (int i = threadIdx.x; i < R * M; i += kGemvWarps * 32) {
     const int r = i / M, m = i % M;
@@ -154,17 +182,26 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #ifndef __CUDACC_RTC__
 // Host-side launch helpers (nvcc only). Requirements checked by the caller:
 // K % 16 == 0, group_size % 16 == 0, K % group_size == 0, 16-byte aligned x and qw.
-inline int gptq_gemv_blocks(int N, int rows_per_block) {
-  return (N + rows_per_block - 1) / rows_per_block;
+// K split across the block's warps only when one warp per R rows would leave the GPU
+// short of warps (fewer than 16 per SM).
+inline int gptq_gemv_ksplit(int N, int rows, int sm_count) {
+  const int warps = (N + rows - 1) / rows;
+  return warps < 16 * sm_count ? kGemvWarps : 1;
+}
+
+inline int gptq_gemv_blocks(int N, int rows, int ksplit) {
+  const int row_sets = (N + rows - 1) / rows;
+  return ksplit == 1 ? (row_sets + kGemvWarps - 1) / kGemvWarps : row_sets;
 }
 
 template <int M>
 inline void launch_gptq_gemv(const __half* x, const uint8_t* qw, const __half2* sz,
                              const __half* bias, __half* y, int N, int K, int group_size,
-                             cudaStream_t stream) {
+                             int sm_count, cudaStream_t stream) {
   constexpr int R = GemvRows<M>::value;
-  gptq_gemv_kernel<M, R><<<gptq_gemv_blocks(N, R), kGemvWarps * 32, 0, stream>>>(
-      x, qw, sz, bias, y, N, K, group_size);
+  const int ks = gptq_gemv_ksplit(N, R, sm_count);
+  gptq_gemv_kernel<M, R><<<gptq_gemv_blocks(N, R, ks), kGemvWarps * 32, 0, stream>>>(
+      x, qw, sz, bias, y, N, K, group_size, ks);
 }
 #endif
 

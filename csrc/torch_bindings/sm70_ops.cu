@@ -10,6 +10,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <optional>
+#include <string>
 
 #include "gptq_gemv.cuh"
 #include "int8_gemm_lowrank.cuh"
@@ -22,8 +23,11 @@ using at::Tensor;
 
 #define SM70_CHECK_CUDA(t) TORCH_CHECK((t).is_cuda(), #t " must be a CUDA tensor")
 #define SM70_CHECK_CONTIG(t) TORCH_CHECK((t).is_contiguous(), #t " must be contiguous")
-#define SM70_CHECK_DTYPE(t, d) \
-  TORCH_CHECK((t).scalar_type() == (d), #t " must be ", (d), ", got ", (t).scalar_type())
+// Messages are built from strings only: streaming integers through c10::str crashed in
+// the extension's ostream on the H200 image (torch 2.11), so numbers go through to_string.
+#define SM70_CHECK_DTYPE(t, d)                                                 \
+  TORCH_CHECK((t).scalar_type() == (d), #t " must be " + std::string(c10::toString(d)) + \
+                                            ", got " + c10::toString((t).scalar_type()))
 
 inline void check_aligned16(const Tensor& t, const char* name) {
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
@@ -42,10 +46,10 @@ void check_packed_weight(const Tensor& qw, const Tensor& sz, int64_t K, int64_t 
   SM70_CHECK_CONTIG(sz);
   SM70_CHECK_DTYPE(qw, at::kByte);
   SM70_CHECK_DTYPE(sz, at::kHalf);
-  TORCH_CHECK(qw.dim() == 2 && qw.size(1) == K, "qw must be [N, K] with K = ", K);
+  TORCH_CHECK(qw.dim() == 2 && qw.size(1) == K, "qw must be [N, K] with K = " + std::to_string(K));
   TORCH_CHECK(group_size > 0 && group_size % 16 == 0 && K % group_size == 0,
-              "group_size must be a multiple of 16 dividing K (K=", K, ", group_size=",
-              group_size, ")");
+              "group_size must be a multiple of 16 dividing K (K=" + std::to_string(K) +
+                  ", group_size=" + std::to_string(group_size) + ")");
   TORCH_CHECK(sz.dim() == 3 && sz.size(0) == qw.size(0) && sz.size(1) == K / group_size &&
                   sz.size(2) == 2,
               "sz must be [N, K / group_size, 2] (scale, zero)");
@@ -58,8 +62,8 @@ Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t gr
   SM70_CHECK_DTYPE(x, at::kHalf);
   TORCH_CHECK(x.dim() == 2, "x must be [M, K]");
   const int64_t M = x.size(0), K = x.size(1), N = qw.size(0);
-  TORCH_CHECK(M >= 1 && M <= 8, "gptq_gemv takes 1 to 8 rows, got ", M);
-  TORCH_CHECK(K % 16 == 0, "K must be a multiple of 16, got ", K);
+  TORCH_CHECK(M >= 1 && M <= 8, "gptq_gemv takes 1 to 8 rows, got " + std::to_string(M));
+  TORCH_CHECK(K % 16 == 0, "K must be a multiple of 16, got " + std::to_string(K));
   check_packed_weight(qw, sz, K, group_size);
   check_aligned16(x, "x");
   check_aligned16(qw, "qw");
@@ -67,7 +71,7 @@ Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t gr
   if (bias.has_value()) {
     SM70_CHECK_DTYPE(*bias, at::kHalf);
     SM70_CHECK_CONTIG(*bias);
-    TORCH_CHECK(bias->numel() == N, "bias must have N = ", N, " elements");
+    TORCH_CHECK(bias->numel() == N, "bias must have N = " + std::to_string(N) + " elements");
     bp = hptr(*bias);
   }
   const c10::cuda::CUDAGuard guard(x.device());
@@ -76,15 +80,17 @@ Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t gr
   const auto* q = qw.data_ptr<uint8_t>();
   const auto* s = reinterpret_cast<const __half2*>(sz.data_ptr<at::Half>());
   const int n = (int)N, k = (int)K, g = (int)group_size;
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()));
   switch (M) {
-    case 1: sm70::launch_gptq_gemv<1>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
-    case 2: sm70::launch_gptq_gemv<2>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
-    case 3: sm70::launch_gptq_gemv<3>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
-    case 4: sm70::launch_gptq_gemv<4>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
-    case 5: sm70::launch_gptq_gemv<5>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
-    case 6: sm70::launch_gptq_gemv<6>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
-    case 7: sm70::launch_gptq_gemv<7>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
-    default: sm70::launch_gptq_gemv<8>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, stream); break;
+    case 1: sm70::launch_gptq_gemv<1>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
+    case 2: sm70::launch_gptq_gemv<2>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
+    case 3: sm70::launch_gptq_gemv<3>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
+    case 4: sm70::launch_gptq_gemv<4>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
+    case 5: sm70::launch_gptq_gemv<5>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
+    case 6: sm70::launch_gptq_gemv<6>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
+    case 7: sm70::launch_gptq_gemv<7>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
+    default: sm70::launch_gptq_gemv<8>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
@@ -146,15 +152,14 @@ Tensor paged_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   TORCH_CHECK(k_scale.is_contiguous() && v_scale.is_contiguous(), "scales must be contiguous");
   const int64_t hkv = k_cache.size(1);
   const int64_t hq = q.size(1);
-  TORCH_CHECK(hq == hkv * 6, "GQA 6:1 expected: Hq = ", hq, ", Hkv = ", hkv);
-  TORCH_CHECK(q_per_seq >= 1 && q_per_seq <= 4, "q_per_seq must be 1..4, got ", q_per_seq);
+  TORCH_CHECK(hq == hkv * 6, "GQA 6:1 expected: Hq = " + std::to_string(hq) + ", Hkv = " + std::to_string(hkv));
+  TORCH_CHECK(q_per_seq >= 1 && q_per_seq <= 4, "q_per_seq must be 1..4, got " + std::to_string(q_per_seq));
   TORCH_CHECK(q.size(0) % q_per_seq == 0, "q tokens must be a multiple of q_per_seq");
   const int64_t batch = q.size(0) / q_per_seq;
   TORCH_CHECK(seq_lens.numel() == batch && block_tables.dim() == 2 &&
                   block_tables.size(0) == batch && block_tables.stride(1) == 1,
-              "seq_lens [B] and block_tables [B, max_blocks] must match the batch ", batch);
-  TORCH_CHECK(num_splits >= 1 && num_splits <= sm70::kPdMaxSplits, "num_splits must be 1..",
-              sm70::kPdMaxSplits);
+              "seq_lens [B] and block_tables [B, max_blocks] must match the batch " + std::to_string(batch));
+  TORCH_CHECK(num_splits >= 1 && num_splits <= sm70::kPdMaxSplits, "num_splits must be 1.." + std::to_string(sm70::kPdMaxSplits));
   TORCH_CHECK(mma >= 0 && mma <= 2, "mma must be 0 (auto), 1 (m8n8k4) or 2 (m16n8k16)");
   const c10::cuda::CUDAGuard guard(q.device());
   int major = 0;
@@ -213,7 +218,7 @@ Tensor int8_gemm_lowrank(const Tensor& x, const Tensor& qw, const Tensor& sz, in
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.stride(0) % 8 == 0,
               "x must be [M, K] with unit column stride and a row stride multiple of 8");
   const int64_t M = x.size(0), K = x.size(1), N = qw.size(0);
-  TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32, got ", K);
+  TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32, got " + std::to_string(K));
   check_packed_weight(qw, sz, K, group_size);
   check_aligned16(x, "x");
   check_aligned16(qw, "qw");
@@ -233,10 +238,9 @@ Tensor int8_gemm_lowrank(const Tensor& x, const Tensor& qw, const Tensor& sz, in
     TORCH_CHECK(a_t->dim() == 2 && a_t->size(1) == K, "a_t must be [rank, K]");
     TORCH_CHECK(b_t->dim() == 2 && b_t->size(0) == N && b_t->size(1) == rank,
                 "b_t must be [N, rank]");
-    TORCH_CHECK(rank <= 256 && rank % 8 == 0, "rank must be a multiple of 8 up to 256, got ",
-                rank);
+    TORCH_CHECK(rank <= 256 && rank % 8 == 0, "rank must be a multiple of 8 up to 256, got " + std::to_string(rank));
     if (row_mask.has_value()) {
-      TORCH_CHECK(row_mask->numel() == M, "row_mask must have M = ", M, " elements");
+      TORCH_CHECK(row_mask->numel() == M, "row_mask must have M = " + std::to_string(M) + " elements");
       mask_u8 = row_mask->to(at::kByte).contiguous();
     } else {
       mask_u8 = at::ones({M}, x.options().dtype(at::kByte));

@@ -112,9 +112,9 @@ def require_complete(lock: Lock, mirror: Path) -> None:
         )
     missing = [i for i in check_mirror(lock, mirror, hashes=False) if i.status == "missing"]
     if missing:
-        lines = "; ".join(f"{i.kind} {i.name} ({i.path}: {i.detail})" for i in missing)
+        lines = "".join(f"\n  - {i.kind} {i.name} ({i.path}: {i.detail})" for i in missing)
         raise MirrorError(
-            f"offline build: the mirror {mirror} lacks {len(missing)} pinned item(s): {lines}",
+            f"offline build: the mirror {mirror} lacks {len(missing)} pinned item(s):{lines}",
             hint="refill it on a connected machine: `sm70ctl mirror create DIR`",
         )
 

@@ -159,6 +159,14 @@ def build_steps(lock: Lock, cfg: BuildConfig, probe: ToolchainProbe) -> list[Ste
                 hint=f"create it: python{lock.toolchain.python} -m venv <dir>, then set "
                      "SM70_SERVE_PYTHON=<dir>/bin/python",
             )
+        have = subprocess.run(
+            [serve_py, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True, text=True, check=False).stdout.strip()
+        if have != lock.toolchain.python:
+            raise StepError(
+                f"serving interpreter {serve_py} is Python {have or '?'}; the lock's wheels "
+                f"are for Python {lock.toolchain.python}",
+                hint=f"point SM70_SERVE_PYTHON at a python{lock.toolchain.python} venv")
         house = ctx.deps.get("wheelhouse")
         wheels = sorted(str(p) for p in house.glob("*.whl")) if house else []
         if wheels:
@@ -190,8 +198,10 @@ def build_steps(lock: Lock, cfg: BuildConfig, probe: ToolchainProbe) -> list[Ste
     def run_kernels(ctx: StepContext) -> None:
         ensure_toolchain()
         script = Path(__file__).with_name("compile_kernels.py")
-        _run_logged([serve_py, str(script), "--csrc", str(csrc), "--out", str(ctx.out)],
-                    _compile_env(cfg, probe), ctx, "compiling csrc/ kernels")
+        cmd = [serve_py, str(script), "--out", str(ctx.out)]
+        cmd += [f"--source={p}" for p in kernel_list.binding_sources(csrc)]
+        cmd += [f"--include={p}" for p in kernel_list.include_dirs(csrc)]
+        _run_logged(cmd, _compile_env(cfg, probe), ctx, "compiling csrc/ kernels")
 
     kernel_files = [p.relative_to(csrc).as_posix() for p in
                     kernel_list.kernel_sources(csrc) + kernel_list.binding_sources(csrc)]

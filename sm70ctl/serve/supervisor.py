@@ -155,6 +155,8 @@ class ServerProcess:
         return self.proc.poll() if self.proc else None
 
     def _group_alive(self) -> bool:
+        """Any live (non-zombie) process left in the server's group? Orphaned zombies are
+        ignored: in containers whose PID 1 does not reap, they linger but hold nothing."""
         if not self.proc:
             return False
         try:
@@ -163,7 +165,7 @@ class ServerProcess:
             return False
         except PermissionError:
             return True
-        return True
+        return group_has_live_members(self.proc.pid)
 
     def _signal_group(self, sig: int) -> None:
         if self.proc:
@@ -196,6 +198,20 @@ class ServerProcess:
             self._pump.join(timeout=5)
         self.log.note(f"server exited with code {code}")
         return code
+
+
+def group_has_live_members(pgid: int, proc_root: Path = Path("/proc")) -> bool:
+    if not proc_root.is_dir():  # not Linux: trust killpg
+        return True
+    for stat in proc_root.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rfind(")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 # --- readiness ------------------------------------------------------------------------

@@ -59,7 +59,7 @@ def run_check(settings: Any, device: str, json_mode: bool) -> int:
     from sm70ctl.warmup.status import cache_status
 
     start = time.perf_counter()
-    verdict, comps = cache_status(settings, device)
+    verdict, comps = cache_status(settings, device, os.environ)
     data = {
         "warm": verdict.warm,
         "fingerprint": verdict.fingerprint,

@@ -8,7 +8,10 @@ Components (each kept by name, so a cold answer can say which one changed):
 - `python`, `torch`, `vllm`, `triton`: read from the serving interpreter's package
   metadata in one short subprocess, without importing torch anywhere;
 - `device`: cuda or cpu;
-- `SM70_*`: every setting the schema marks `compile_key`, one component each.
+- `SM70_*`: every setting the schema marks `compile_key`, one component each;
+- `env:NAME`: inherited VLLM_*, TORCHINDUCTOR_*, TORCH_COMPILE_* and TRITON_* variables that
+  sm70ctl does not set itself (vLLM folds the variables it knows into its compile-cache
+  key, so a stray one makes a warmed cache miss).
 
 Probing is split from hashing: `probe_components` touches files and runs one
 subprocess; `fingerprint` and `diff_components` are pure.
@@ -104,7 +107,34 @@ def cuda_compiler(cuda_home: Path | None, nvrtc: str) -> str:
     return f"nvrtc {nvrtc}" if nvrtc != "absent" else "none"
 
 
-def probe_components(settings: Any, device: str, *, repo_root: Path = REPO_ROOT) -> dict[str, str]:
+COMPILE_ENV_PREFIXES = ("VLLM_", "TORCHINDUCTOR_", "TORCH_COMPILE_", "TRITON_")
+
+
+def inherited_compile_env(environ: Mapping[str, str], managed: set[str]) -> dict[str, str]:
+    """Inherited variables that can change compiled code, as `env:NAME` components (pure)."""
+    return {
+        f"env:{k}": v
+        for k, v in environ.items()
+        if k.startswith(COMPILE_ENV_PREFIXES) and k not in managed
+    }
+
+
+def managed_names(settings: Any) -> set[str]:
+    """Names of the variables serve sets itself (their values are settings already)."""
+    from sm70ctl.launch import vllm_env
+    from sm70ctl.warmup.manifest import CACHE_SUBDIRS
+
+    env = vllm_env(settings, gpu_indices=list(range(len(settings.gpus))))
+    return set(env) | set(CACHE_SUBDIRS) | {"VLLM_USE_AOT_COMPILE"}
+
+
+def probe_components(
+    settings: Any,
+    device: str,
+    *,
+    environ: Mapping[str, str] | None = None,
+    repo_root: Path = REPO_ROOT,
+) -> dict[str, str]:
     from sm70ctl.settings import compile_key_items
 
     versions = serving_versions(settings.serve_python)
@@ -120,6 +150,8 @@ def probe_components(settings: Any, device: str, *, repo_root: Path = REPO_ROOT)
     if settings.host_cc:
         comps["host_cc"] = str(settings.host_cc)
     comps.update(compile_key_items(settings))
+    if environ is not None:
+        comps.update(inherited_compile_env(environ, managed_names(settings)))
     return comps
 
 

@@ -1,10 +1,11 @@
 """The warm-cache manifest: what a warmup did, written atomically, and the warm/cold verdict.
 
 Layout under SM70_CACHE_DIR:
-    <fingerprint>/manifest.json      written last; its `warm` flag is the verdict
+    <fingerprint>/manifest.json      written last (atomically); its `warm` flag is the verdict
     <fingerprint>/vllm, triton, inductor, kernels   the compile caches
-    .tmp-<fingerprint>-<pid>/        a warmup in progress (renamed into place when done)
     .warmup.lock                     one warmup at a time
+An entry without a manifest is a warmup in progress (or one killed outright) and counts
+as cold; see runner.py for why entries are built in place.
 """
 
 from __future__ import annotations

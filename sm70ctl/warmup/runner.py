@@ -1,5 +1,13 @@
-"""The warmup itself: build our kernels and let vLLM compile, into a temporary folder that is
-renamed into place, then start vLLM again in a fresh process and check nothing recompiles.
+"""The warmup itself: build our kernels and let vLLM compile, then start vLLM again in a
+fresh process and check nothing recompiles.
+
+The entry is built at its final path, not in a temporary folder renamed into place: vLLM
+points Inductor and Triton at folders inside its cache and finds compiled artefacts again
+by path, so a tree compiled under one name and renamed is not something vLLM promises to
+reload (the fresh-process check would only catch it after the fact). The manifest,
+written atomically after that check, is the commit marker instead: an entry without a warm
+manifest is never used, an interrupted run deletes its entry on the way out, and the next
+run starts its entry from empty (a run killed outright cannot clean up after itself).
 
 Everything heavy runs in the serving interpreter (torch, vLLM, nvcc): this process never
 imports torch. Steps that need hardware this machine lacks are recorded as skipped with
@@ -246,23 +254,16 @@ def capabilities(settings: Any, device: str) -> Capabilities:
     )
 
 
-def _clear_stale(cache_dir: Path) -> None:
-    """Remove temporary folders of interrupted runs (we hold the warmup lock)."""
-    for child in cache_dir.glob(".tmp-*"):
-        shutil.rmtree(child, ignore_errors=True)
-    for child in cache_dir.glob(".old-*"):
-        shutil.rmtree(child, ignore_errors=True)
-
-
-def _install(tmp: Path, entry: Path) -> None:
-    """Rename the finished folder into place (atomic on one filesystem)."""
+def _fresh_entry(entry: Path) -> None:
+    """Start from an empty entry (we hold the warmup lock): whatever is there is either
+    unverified leftovers or a warm entry being rebuilt on purpose (--force)."""
     if entry.exists():
-        old = entry.with_name(f".old-{entry.name}-{os.getpid()}")
-        os.replace(entry, old)
-        os.replace(tmp, entry)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, entry)
+        # Move aside first so a concurrent reader never sees a half-deleted tree.
+        trash = entry.with_name(f".trash-{entry.name}-{os.getpid()}")
+        os.replace(entry, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    for sub in ("vllm", "triton", "inductor", "kernels"):
+        (entry / sub).mkdir(parents=True)
 
 
 def run_warmup(ctx: RunContext, *, force: bool = False) -> Manifest:
@@ -273,58 +274,64 @@ def run_warmup(ctx: RunContext, *, force: bool = False) -> Manifest:
     cache_dir = Path(s.cache_dir).expanduser()
     cache_dir.mkdir(parents=True, exist_ok=True)
     with FileLock(cache_dir / ".warmup.lock", "sm70ctl warmup", alternative="SM70_CACHE_DIR"):
-        comps = probe_components(s, ctx.device)
+        comps = probe_components(s, ctx.device, environ=ctx.environ)
         fp = fingerprint(comps)
         entry = entry_dir(cache_dir, fp)
         existing = read_manifest(entry)
         if existing is not None and existing.warm and not force:
             ctx.reporter.note(f"already warm: {entry}")
             return existing
-        _clear_stale(cache_dir)
+        for leftover in cache_dir.glob(".trash-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
         plan = plan_steps(capabilities(s, ctx.device))
-        tmp = cache_dir / f".tmp-{fp}-{os.getpid()}"
-        tmp.mkdir()
-        for sub in ("vllm", "triton", "inductor", "kernels"):
-            (tmp / sub).mkdir()
-        steps: list[Step] = []
+        _fresh_entry(entry)
+        committed = False
         try:
-            for name in ("kernels", "vllm"):
-                status, why = plan[name]
-                if status != "run":
-                    step = Step(name, status, why)
-                else:
-                    ctx.reporter.step_started(name, why)
-                    step = _run_kernels(ctx, tmp) if name == "kernels" else _run_vllm(
-                        ctx, tmp, "vllm")
-                steps.append(step)
-                ctx.reporter.step_done(step)
-                if ctx.stop.is_set():
-                    raise KeyboardInterrupt
-            _install(tmp, entry)
+            steps = _run_steps(ctx, plan, entry)
+            manifest = Manifest(fingerprint=fp, components=comps, device=ctx.device,
+                                steps=steps, warm=is_warm(steps))
+            write_manifest(entry, manifest)
+            committed = True
+            return manifest
         finally:
-            if tmp.exists():  # interrupted or failed before the rename: leave nothing half-built
-                shutil.rmtree(tmp, ignore_errors=True)
-        status, why = plan["verify"]
-        if status == "run" and is_warm(steps):
-            ctx.reporter.step_started("verify", why)
-            before = compiled_files(entry)
-            step = _run_vllm(ctx, entry, "verify")
-            if step.status == DONE:
-                grown = new_files(before, compiled_files(entry))
-                if grown:
-                    step = Step("verify", FAILED,
-                                f"recompiled in a fresh process: {len(grown)} new files "
-                                f"(e.g. {grown[0]})", step.seconds)
-                else:
-                    step = Step("verify", DONE, f"fresh process compiled nothing "
-                                f"({len(before)} cached files reused)", step.seconds)
-        elif status == "run":
-            step = Step("verify", SKIPPED, "an earlier step did not finish")
+            if not committed:  # interrupted or crashed: leave nothing half-built behind
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _run_steps(ctx: RunContext, plan: dict[str, tuple[str, str]], entry: Path) -> list[Step]:
+    steps: list[Step] = []
+    for name in ("kernels", "vllm"):
+        status, why = plan[name]
+        if status != "run":
+            step = Step(name, status, why)
         else:
-            step = Step("verify", status, why)
+            ctx.reporter.step_started(name, why)
+            step = _run_kernels(ctx, entry) if name == "kernels" else _run_vllm(
+                ctx, entry, "vllm")
         steps.append(step)
         ctx.reporter.step_done(step)
-        manifest = Manifest(fingerprint=fp, components=comps, device=ctx.device, steps=steps,
-                            warm=is_warm(steps))
-        write_manifest(entry, manifest)
-        return manifest
+        if ctx.stop.is_set():
+            raise KeyboardInterrupt
+    status, why = plan["verify"]
+    if status == "run" and is_warm(steps):
+        ctx.reporter.step_started("verify", why)
+        before = compiled_files(entry)
+        step = _run_vllm(ctx, entry, "verify")
+        if step.status == DONE:
+            grown = new_files(before, compiled_files(entry))
+            if grown:
+                step = Step("verify", FAILED,
+                            f"recompiled in a fresh process: {len(grown)} new files "
+                            f"(e.g. {grown[0]})", step.seconds)
+            else:
+                step = Step("verify", DONE, f"fresh process compiled nothing "
+                            f"({len(before)} cached files reused)", step.seconds)
+    elif status == "run":
+        step = Step("verify", SKIPPED, "an earlier step did not finish")
+    else:
+        step = Step("verify", status, why)
+    steps.append(step)
+    ctx.reporter.step_done(step)
+    if ctx.stop.is_set():
+        raise KeyboardInterrupt
+    return steps

