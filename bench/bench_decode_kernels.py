@@ -114,11 +114,18 @@ def bench_gemv(name: str, n: int, k: int, m: int, copy_gbps: float) -> dict:
     sz[..., 1].fill_(128)
     szs = [sz.clone() for _ in range(ncopy)]
     x = torch.randn(m, k, device="cuda").half()
-    calls = [
-        (lambda i=i: torch.ops.sm70.gptq_gemv(x, qws[i % ncopy], szs[i % ncopy], g, None))
-        for i in range(max(ncopy, 16))
-    ]
-    t = time_graph(calls)
+    by_mode = {}
+    for mode in (0, 1, 4):  # auto, then each K-split mode forced (tuning data)
+        calls = [
+            (
+                lambda i=i, mode=mode: torch.ops.sm70.gptq_gemv(
+                    x, qws[i % ncopy], szs[i % ncopy], g, None, mode
+                )
+            )
+            for i in range(max(ncopy, 16))
+        ]
+        by_mode[mode] = time_graph(calls)
+    t = by_mode[0]
     moved = wbytes + m * k * 2 + m * n * 2
     fbytes = n * k * 2
     fcopy = copies_for(fbytes)
@@ -140,12 +147,21 @@ def bench_gemv(name: str, n: int, k: int, m: int, copy_gbps: float) -> dict:
         "fp16_linear_us": tf * 1e6,
         "speedup_vs_fp16_linear": tf / t,
         "rotating_copies": ncopy,
+        "us_ksplit1": by_mode[1] * 1e6,
+        "us_ksplit4": by_mode[4] * 1e6,
         "v100_floor_us_projected": moved / (V100_GBPS * 1e9) * 1e6,
     }
 
 
 def bench_decode(
-    ctx: int, qn: int, copy_gbps: float, sms: int, mma: int = 0, block_size: int = 16
+    ctx: int,
+    qn: int,
+    copy_gbps: float,
+    sms: int,
+    mma: int = 0,
+    block_size: int = 16,
+    max_splits: int = 256,
+    splits: int | None = None,
 ) -> dict:
     hkv = 2
     nblk = math.ceil(ctx / block_size)
@@ -164,7 +180,11 @@ def bench_decode(
     tables = [perm[i * nblk : (i + 1) * nblk][None].contiguous() for i in range(ncopy)]
     seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
     q = torch.randn(qn, 12, 256, device="cuda").half()
-    splits = ref.decode_num_splits(ctx, 1, hkv, sms, max_splits=256)
+    volta = torch.cuda.get_device_capability()[0] < 8  # m8n8k4 is the native path there
+    default = splits is None and max_splits == 256 and (mma != 1 or volta)
+    role = "default" if default else "tuning"
+    if splits is None:
+        splits = ref.decode_num_splits(ctx, 1, hkv, sms, max_splits=max_splits)
     calls = [
         (
             lambda i=i: torch.ops.sm70.paged_decode(
@@ -192,6 +212,7 @@ def bench_decode(
         "q_rows": qn,
         "splits": splits,
         "mma": {0: "auto", 1: "m8n8k4", 2: "m16n8k16"}[mma],
+        "role": role,
         "us": t * 1e6,
         "bytes": moved,
         "gbps": gbps,
@@ -206,13 +227,14 @@ def render(result: dict) -> str:
         f"device: {result['device']}   copy: {result['copy_gbps']:.0f} GB/s (measured, "
         "read+write)   V100 columns: projected at 898 GB/s",
         f"{'kernel':<13}{'case':<24}{'us':>9}{'GB/s':>8}{'%copy':>7}{'fp16 us':>9}"
-        f"{'x fp16':>8}{'V100 us*':>10}",
+        f"{'x fp16':>8}{'V100 us*':>10}{'ks1 us':>8}{'ks4 us':>8}",
     ]
     for r in result["gemv"]:
         lines.append(
             f"{'gemv':<13}{r['shape'] + ' M=' + str(r['m']):<24}{r['us']:>9.1f}{r['gbps']:>8.0f}"
             f"{100 * r['frac_of_copy']:>6.0f}%{r['fp16_linear_us']:>9.1f}"
             f"{r['speedup_vs_fp16_linear']:>8.2f}{r['v100_floor_us_projected']:>10.1f}"
+            f"{r['us_ksplit1']:>8.1f}{r['us_ksplit4']:>8.1f}"
         )
     for r in result["decode"]:
         case = f"ctx={r['context']} q={r['q_rows']} s={r['splits']} {r['mma']}"
@@ -245,11 +267,17 @@ def main() -> int:
     ]
     if native == 2:  # the Volta instruction path on this GPU, for the record
         decode.append(bench_decode(65536, 4, copy, sms, 1))
-    large_m1 = [r for r in gemv if r["m"] == 1 and r["shape"] in LARGE]
-    # targets use the fastest tensor-core path of this GPU (all rows on a V100)
-    long_ctx = [
-        r for r in decode if r["context"] >= 65536 and (native == 1 or r["mma"] != "m8n8k4")
+    # the serving default (SM70_DECODE_MAX_SPLITS=64): fewer partials to combine
+    decode += [bench_decode(262144, qn, copy, sms, native, max_splits=64) for qn in (1, 4)]
+    # more splits than the 4-waves rule: more blocks in flight per SM (tuning data)
+    decode += [
+        bench_decode(ctx, qn, copy, sms, native, splits=s)
+        for ctx, s in ((65536, 512), (262144, 1024))
+        for qn in (1, 4)
     ]
+    large_m1 = [r for r in gemv if r["m"] == 1 and r["shape"] in LARGE]
+    # targets: the default split rule on this GPU's fastest tensor-core path
+    long_ctx = [r for r in decode if r["context"] >= 65536 and r["role"] == "default"]
     result = {
         "device": props.name,
         "sm_count": props.multi_processor_count,

@@ -144,3 +144,15 @@ def test_manifest_round_trip_and_atomic_write(tmp_path: Path) -> None:
     path.write_text("{not json")
     assert read_manifest(tmp_path / "f") is None
     assert read_manifest(tmp_path / "missing") is None
+
+
+def test_kernel_sources_matter_on_cuda_only(tmp_path: Path) -> None:
+    (tmp_path / "csrc").mkdir()
+    src = tmp_path / "csrc" / "k.cuh"
+    src.write_text("v1")
+    s = load_settings(environ={"SM70_SERVE_PYTHON": sys.executable})
+    before = {d: fingerprint(probe_components(s, d, repo_root=tmp_path)) for d in ("cuda", "cpu")}
+    src.write_text("v2")
+    after = {d: fingerprint(probe_components(s, d, repo_root=tmp_path)) for d in ("cuda", "cpu")}
+    assert after["cuda"] != before["cuda"]
+    assert after["cpu"] == before["cpu"]

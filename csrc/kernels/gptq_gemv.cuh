@@ -183,10 +183,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32, M == 1 ? 5 : 1)
 // Host-side launch helpers (nvcc only). Requirements checked by the caller:
 // K % 16 == 0, group_size % 16 == 0, K % group_size == 0, 16-byte aligned x and qw.
 // K split across the block's warps only when one warp per R rows would leave the GPU
-// short of warps (fewer than 16 per SM).
+// short of warps (fewer than 10 per SM). Measured on the H200 (docs/kernels.md): N = 5120
+// and 48 gain from the split, N >= 7168 lose; V100 is not yet measured.
 inline int gptq_gemv_ksplit(int N, int rows, int sm_count) {
+  if (sm_count < 0) return kGemvWarps;  // forced by the caller
   const int warps = (N + rows - 1) / rows;
-  return warps < 16 * sm_count ? kGemvWarps : 1;
+  return warps < 10 * sm_count ? kGemvWarps : 1;
 }
 
 inline int gptq_gemv_blocks(int N, int rows, int ksplit) {

@@ -56,7 +56,7 @@ void check_packed_weight(const Tensor& qw, const Tensor& sz, int64_t K, int64_t 
 }
 
 Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t group_size,
-                 const std::optional<Tensor>& bias) {
+                 const std::optional<Tensor>& bias, int64_t ksplit) {
   SM70_CHECK_CUDA(x);
   SM70_CHECK_CONTIG(x);
   SM70_CHECK_DTYPE(x, at::kHalf);
@@ -80,8 +80,13 @@ Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t gr
   const auto* q = qw.data_ptr<uint8_t>();
   const auto* s = reinterpret_cast<const __half2*>(sz.data_ptr<at::Half>());
   const int n = (int)N, k = (int)K, g = (int)group_size;
+  TORCH_CHECK(ksplit == 0 || ksplit == 1 || ksplit == 4, "ksplit must be 0 (auto), 1 or 4");
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()));
+  // ksplit 1 or 4 forces the mode (tuning): with 0 SMs no N is "too few warps" (mode 1);
+  // the launcher reads a negative SM count as mode 4
+  if (ksplit == 1) sms = 0;
+  if (ksplit == 4) sms = -1;
   switch (M) {
     case 1: sm70::launch_gptq_gemv<1>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
     case 2: sm70::launch_gptq_gemv<2>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
@@ -291,7 +296,9 @@ Tensor int8_gemm_lowrank(const Tensor& x, const Tensor& qw, const Tensor& sz, in
 }  // namespace
 
 TORCH_LIBRARY(sm70, m) {
-  m.def("gptq_gemv(Tensor x, Tensor qw, Tensor sz, int group_size, Tensor? bias) -> Tensor");
+  m.def(
+      "gptq_gemv(Tensor x, Tensor qw, Tensor sz, int group_size, Tensor? bias, int ksplit=0) "
+      "-> Tensor");
   m.def(
       "kv_int8_write(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor slot_mapping) -> ()");

@@ -4,7 +4,8 @@ Components (each kept by name, so a cold answer can say which one changed):
 - `kernels`, `vllm_patch`: content hashes of csrc/ and vllm_patch/ (our CUDA sources and
   the plugin that shapes vLLM's graphs);
 - `compiler`: the CUDA compiler that builds our kernels (SM70_CUDA_HOME's version.json or
-  `nvcc --version`, else the NVRTC wheel), and the host compiler when configured;
+  `nvcc --version`, else the NVRTC wheel), and the host compiler when configured
+  (`kernels` and `compiler` only on cuda: the CPU build never loads our kernels);
 - `python`, `torch`, `vllm`, `triton`: read from the serving interpreter's package
   metadata in one short subprocess, without importing torch anywhere;
 - `device`: cuda or cpu;
@@ -139,15 +140,18 @@ def probe_components(
 
     versions = serving_versions(settings.serve_python)
     nvrtc = versions.pop("nvrtc", "absent")
+    gpu = device == "cuda"
+    # Our CUDA kernels and their compilers only matter where they are loaded.
     comps: dict[str, str] = {
         "layout": SCHEMA_VERSION,
         "device": device,
-        "kernels": tree_digest(repo_root / "csrc"),
+        "kernels": tree_digest(repo_root / "csrc") if gpu else "not used on cpu",
         "vllm_patch": tree_digest(repo_root / "vllm_patch"),
-        "compiler": cuda_compiler(settings.cuda_home, nvrtc.split(" ")[-1] if nvrtc else nvrtc),
+        "compiler": cuda_compiler(settings.cuda_home, nvrtc.split(" ")[-1] if nvrtc else nvrtc)
+        if gpu else "not used on cpu",
         **versions,
     }
-    if settings.host_cc:
+    if settings.host_cc and gpu:
         comps["host_cc"] = str(settings.host_cc)
     comps.update(compile_key_items(settings))
     if environ is not None:

