@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from sm70ctl.build.fsutil import sha256_file
 from sm70ctl.build.lock import load_lock
 from sm70ctl.build.patches import (
     PatchError,
@@ -20,6 +19,7 @@ from sm70ctl.build.patches import (
     series_dir,
 )
 from sm70ctl.build.sources import unpack_archive
+from sm70ctl.fsutil import sha256_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SERIES_MD = ROOT / "vllm_patch" / "patches" / "SERIES.md"

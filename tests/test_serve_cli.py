@@ -280,3 +280,16 @@ def test_without_restart_a_dead_server_fails(env: dict[str, str], tmp_path: Path
     assert r.returncode == 1
     assert "exited with code 1" in r.stderr and "exiting on purpose" in r.stderr
     assert starts(tmp_path / "starts.txt") == 1
+
+
+def test_memory_plan_overflow_refuses(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SM70_")}
+    env.update({"SM70_LOCK_DIR": str(tmp_path / "l"), "SM70_CACHE_DIR": str(tmp_path / "c"),
+                "SM70_KV_CACHE_BYTES": "20GiB"})
+    dry = json.loads(sm70(["serve", "--dry-run", "--json"], env).stdout)
+    plan = next(c for c in dry["checks"] if c["name"] == "memory plan")
+    assert plan["status"] == "fail" and "KV cache pool overflows" in plan["detail"]
+    env["SM70_KV_CACHE_BYTES"] = "9.9GiB"
+    dry = json.loads(sm70(["serve", "--dry-run", "--json"], env).stdout)
+    plan = next(c for c in dry["checks"] if c["name"] == "memory plan")
+    assert plan["status"] == "pass"

@@ -364,7 +364,7 @@ def relock_local(path: Path, root: Path) -> dict[str, tuple[str, str]]:
 
     Returns {name: (old, new)} for the entries that changed.
     """
-    from sm70ctl.build.fsutil import atomic_write_text
+    from sm70ctl.fsutil import atomic_write_text
 
     text = path.read_text(encoding="utf-8")
     lock = parse_lock(text, path)

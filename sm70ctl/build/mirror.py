@@ -19,10 +19,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sm70ctl.build.fsutil import atomic_write_text, sha256_file
 from sm70ctl.build.lock import Archive, GitSource, Lock, Wheel
 from sm70ctl.build.sources import FetchError, copy_verified, download, git_env
 from sm70ctl.errors import Sm70Error
+from sm70ctl.fsutil import atomic_write_text, sha256_file
 
 
 class MirrorError(Sm70Error):

@@ -16,8 +16,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from sm70ctl.build.fsutil import sha256_file
 from sm70ctl.errors import Sm70Error
+from sm70ctl.fsutil import sha256_file
 
 Progress = Callable[[float | None, str], None]
 

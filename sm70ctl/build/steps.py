@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sm70ctl.build.fsutil import atomic_write_text, replace_dir, rmtree_quiet
 from sm70ctl.errors import Sm70Error
+from sm70ctl.fsutil import atomic_write_text, replace_dir, rmtree_quiet
 
 STEP_FORMAT = 1  # bump when the meaning of a step's output changes
 

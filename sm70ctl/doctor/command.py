@@ -174,28 +174,13 @@ def load_probe_data(path: Path) -> Any:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    import contextlib
     import json
-    import os
-    import tempfile
 
     from sm70ctl.errors import Sm70Error
+    from sm70ctl.fsutil import atomic_write_text
 
-    path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(data, fh, indent=2)
-                fh.write("\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write_text(Path(path), json.dumps(data, indent=2) + "\n")
     except OSError as exc:
         raise Sm70Error(f"--record {path}: {exc.strerror or exc}") from None
 

@@ -115,13 +115,14 @@ def register(app: typer.Typer) -> None:
         steps = [] if result.fits else what_fits(model, inputs, src.gpus[:needed])
         data["what_fits"] = steps
         if svg is not None:
-            from sm70ctl.plan.svg import render_svg, write_atomic
+            from sm70ctl.fsutil import atomic_write_text
+            from sm70ctl.plan.svg import render_svg
 
             name = ("Qwen3.8-27B GPTQ int8" if model_source.startswith("built-in")
                     else Path(model.source).parent.name or model.architecture)
             title = (f"Memory plan per GPU: {name}, TP={inputs.tensor_parallel_size} "
                      f"PP={inputs.pipeline_parallel_size}, {len(result.gpus)} GPU(s)")
-            write_atomic(svg, render_svg(result, title))
+            atomic_write_text(svg, render_svg(result, title))
         out.emit(data, lambda console: _render(console, data))
         if svg is not None:
             out.info(f"wrote {svg}")

@@ -3,10 +3,6 @@ atomic file write (the edge)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
-from pathlib import Path
 from xml.sax.saxutils import escape
 
 from sm70ctl.plan.plan import GiB, Plan
@@ -120,20 +116,3 @@ def render_svg(plan: Plan, title: str) -> str:
                "projected, not measured.</text>")
     out.append("</svg>")
     return "\n".join(out) + "\n"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder and a rename."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -222,7 +222,8 @@ def docs(
 
         sm70ctl env docs --check
     """
-    from sm70ctl.settings.docs import DOCS_PATH, render, write_text_atomic
+    from sm70ctl.fsutil import atomic_write_text
+    from sm70ctl.settings.docs import DOCS_PATH, render
 
     path = output or (_repo_root() / DOCS_PATH)
     text = render()
@@ -237,5 +238,5 @@ def docs(
     if current == text:
         out.info(f"{path} already current")
         return
-    write_text_atomic(path, text)
+    atomic_write_text(path, text)
     out.success(f"wrote {path}")

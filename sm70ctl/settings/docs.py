@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from sm70ctl.settings.model import allowed_text
@@ -104,18 +102,3 @@ def render(schema: Schema | None = None) -> str:
 def _anchor(title: str) -> str:
     keep = "".join(ch for ch in title.lower() if ch.isalnum() or ch in " -")
     return keep.replace(" ", "-")
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file in the same folder, then rename over the target."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -15,13 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sm70ctl.errors import Sm70Error
+from sm70ctl.fsutil import atomic_write_text, sha256_file
 
 FORMAT = 1
 STATE_DIR = ".sm70"
@@ -107,21 +107,6 @@ def partial_path(folder: Path, rel: str) -> Path:
     return Path(folder) / STATE_DIR / PARTIAL_DIR / rel
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder, fsync, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_manifest(folder: Path, manifest: Manifest) -> Path:
     path = manifest_path(folder)
     atomic_write_text(path, json.dumps(manifest.to_dict(), indent=2) + "\n")
@@ -142,16 +127,6 @@ def read_manifest(folder: Path) -> Manifest | None:
             f"manifest {path} is unreadable ({exc.__class__.__name__}: {exc})",
             hint="run `sm70ctl weights fetch` again to rebuild it",
         ) from exc
-
-
-def sha256_file(path: Path, progress: Callable[[int], None] | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-            if progress is not None:
-                progress(len(chunk))
-    return h.hexdigest()
 
 
 def git_blob_oid(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""Small file helpers shared by the build: hashing and atomic writes."""
+"""File helpers shared by every module: hashing and atomic writes (tmp + fsync + rename)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,20 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+def sha256_file(
+    path: Path, progress: Callable[[int], None] | None = None, chunk: int = 1 << 20
+) -> str:
+    """The file's sha256; `progress` (if given) is called with each block's length."""
     h = hashlib.sha256()
-    with path.open("rb") as f:
+    with Path(path).open("rb") as f:
         while block := f.read(chunk):
             h.update(block)
+            if progress is not None:
+                progress(len(block))
     return h.hexdigest()
 
 
