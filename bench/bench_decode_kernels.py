@@ -114,18 +114,23 @@ def bench_gemv(name: str, n: int, k: int, m: int, copy_gbps: float) -> dict:
     sz[..., 1].fill_(128)
     szs = [sz.clone() for _ in range(ncopy)]
     x = torch.randn(m, k, device="cuda").half()
+    # (kernel, ksplit): auto, the classic kernel's K-split modes and, at M = 1, the
+    # streamed kernel with U = 1 and 2 chunks per row per step (tuning data)
+    modes = [(0, 0), (1, 0), (1, 1), (1, 4)]
+    if m == 1:
+        modes += [(2, 1), (2, 4), (3, 1), (3, 4)]
     by_mode = {}
-    for mode in (0, 1, 4):  # auto, then each K-split mode forced (tuning data)
+    for kern, ks in modes:
         calls = [
             (
-                lambda i=i, mode=mode: torch.ops.sm70.gptq_gemv(
-                    x, qws[i % ncopy], szs[i % ncopy], g, None, mode
+                lambda i=i, kern=kern, ks=ks: torch.ops.sm70.gptq_gemv(
+                    x, qws[i % ncopy], szs[i % ncopy], g, None, ks, kern
                 )
             )
             for i in range(max(ncopy, 16))
         ]
-        by_mode[mode] = time_graph(calls)
-    t = by_mode[0]
+        by_mode[(kern, ks)] = time_graph(calls)
+    t = by_mode[(0, 0)]
     moved = wbytes + m * k * 2 + m * n * 2
     fbytes = n * k * 2
     fcopy = copies_for(fbytes)
@@ -147,8 +152,11 @@ def bench_gemv(name: str, n: int, k: int, m: int, copy_gbps: float) -> dict:
         "fp16_linear_us": tf * 1e6,
         "speedup_vs_fp16_linear": tf / t,
         "rotating_copies": ncopy,
-        "us_ksplit1": by_mode[1] * 1e6,
-        "us_ksplit4": by_mode[4] * 1e6,
+        "us_ksplit1": by_mode[(1, 1)] * 1e6,
+        "us_ksplit4": by_mode[(1, 4)] * 1e6,
+        # the classic kernel with its auto K split: the default before the streamed kernel
+        "us_classic": by_mode[(1, 0)] * 1e6,
+        "us_by_kernel_ksplit": {f"k{k}_ks{s}": v * 1e6 for (k, s), v in by_mode.items()},
         "v100_floor_us_projected": moved / (V100_GBPS * 1e9) * 1e6,
     }
 
@@ -184,7 +192,8 @@ def bench_decode(
     default = splits is None and max_splits == 256 and (mma != 1 or volta)
     role = "default" if default else "tuning"
     if splits is None:
-        splits = ref.decode_num_splits(ctx, 1, hkv, sms, max_splits=max_splits)
+        # H200: 4 decode blocks per SM (m16n8k16, QN = 1: 113 registers); 256 at 64K+
+        splits = ref.decode_num_splits(ctx, 1, hkv, sms, max_splits=max_splits, ctas_per_sm=4)
     calls = [
         (
             lambda i=i: torch.ops.sm70.paged_decode(
@@ -222,19 +231,26 @@ def bench_decode(
     }
 
 
+def progress(row: dict) -> dict:
+    """One JSON line per case as it is measured: a run cut short still leaves its data."""
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def render(result: dict) -> str:
     lines = [
         f"device: {result['device']}   copy: {result['copy_gbps']:.0f} GB/s (measured, "
         "read+write)   V100 columns: projected at 898 GB/s",
         f"{'kernel':<13}{'case':<24}{'us':>9}{'GB/s':>8}{'%copy':>7}{'fp16 us':>9}"
-        f"{'x fp16':>8}{'V100 us*':>10}{'ks1 us':>8}{'ks4 us':>8}",
+        f"{'x fp16':>8}{'V100 us*':>10}{'ks1 us':>8}{'ks4 us':>8}{'classic':>8}  streamed",
     ]
     for r in result["gemv"]:
         lines.append(
             f"{'gemv':<13}{r['shape'] + ' M=' + str(r['m']):<24}{r['us']:>9.1f}{r['gbps']:>8.0f}"
             f"{100 * r['frac_of_copy']:>6.0f}%{r['fp16_linear_us']:>9.1f}"
             f"{r['speedup_vs_fp16_linear']:>8.2f}{r['v100_floor_us_projected']:>10.1f}"
-            f"{r['us_ksplit1']:>8.1f}{r['us_ksplit4']:>8.1f}"
+            f"{r['us_ksplit1']:>8.1f}{r['us_ksplit4']:>8.1f}{r['us_classic']:>8.1f}  "
+            + " ".join(f"{k}={v:.1f}" for k, v in r["us_by_kernel_ksplit"].items() if k[1] in "23")
         )
     for r in result["decode"]:
         case = f"ctx={r['context']} q={r['q_rows']} s={r['splits']} {r['mma']}"
@@ -259,20 +275,23 @@ def main() -> int:
     copies = copy_bandwidth()
     copy = max(copies.values())
     shapes = GEMV_SHAPES[:2] if args.quick else GEMV_SHAPES
-    gemv = [bench_gemv(nm, n, k, m, copy) for nm, n, k in shapes for m in (1, 4)]
+    print(json.dumps({"copy": copies}), flush=True)
+    gemv = [progress(bench_gemv(nm, n, k, m, copy)) for nm, n, k in shapes for m in (1, 4)]
     sms = props.multi_processor_count
     native = 2 if props.major >= 8 else 1  # m8n8k4 is emulated on sm_80+
     decode = [
-        bench_decode(ctx, qn, copy, sms, native) for ctx in (4096, 65536, 262144) for qn in (1, 4)
+        progress(bench_decode(ctx, qn, copy, sms, native))
+        for ctx in (4096, 65536, 262144)
+        for qn in (1, 4)
     ]
     if native == 2:  # the Volta instruction path on this GPU, for the record
         decode.append(bench_decode(65536, 4, copy, sms, 1))
     # the serving default (SM70_DECODE_MAX_SPLITS=64): fewer partials to combine
     decode += [bench_decode(262144, qn, copy, sms, native, max_splits=64) for qn in (1, 4)]
-    # more splits than the 4-waves rule: more blocks in flight per SM (tuning data)
+    # other split counts (198 = one wave at 3 blocks per SM, the QN = 4 residency; tuning)
     decode += [
         bench_decode(ctx, qn, copy, sms, native, splits=s)
-        for ctx, s in ((65536, 512), (262144, 1024))
+        for ctx, s in ((65536, 128), (65536, 198), (262144, 198), (262144, 512))
         for qn in (1, 4)
     ]
     large_m1 = [r for r in gemv if r["m"] == 1 and r["shape"] in LARGE]
@@ -290,6 +309,9 @@ def main() -> int:
         "targets": {
             "gemv_m1_large_min_frac_of_copy": min(r["frac_of_copy"] for r in large_m1),
             "gemv_m1_large_min_speedup_vs_fp16": min(r["speedup_vs_fp16_linear"] for r in large_m1),
+            "gemv_m1_large_classic_min_frac_of_copy": min(
+                r["bytes"] / (r["us_classic"] * 1e-6) / 1e9 / copy for r in large_m1
+            ),
             "decode_64k_up_min_frac_of_copy": min(r["frac_of_copy"] for r in long_ctx),
         },
     }

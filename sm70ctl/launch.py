@@ -49,13 +49,17 @@ def compilation_config(settings: Any) -> dict[str, Any]:
     }
 
 
-def vllm_argv(settings: Any) -> list[str]:
+def vllm_argv(settings: Any, *, secrets_file: Path | None = None) -> list[str]:
     """The full command line of the vLLM API server (argv[0] is the serving interpreter).
 
-    The API key is on it in clear: show it only through `redact_argv`.
+    The model goes in as `--model`: `python -m vllm.entrypoints.openai.api_server` ignores
+    a positional model (only the `vllm serve` front end reads one) and would try to fetch
+    vLLM's default model instead. The API key never goes on the command line (any local
+    user can read it in `ps`): it goes into `secrets_file`, a 0600 YAML file vLLM reads
+    through `--config` (write it with `secrets_yaml`).
     """
     s = settings
-    argv = [str(s.serve_python), "-m", VLLM_ENTRYPOINT, str(s.model_dir)]
+    argv = [str(s.serve_python), "-m", VLLM_ENTRYPOINT, "--model", str(s.model_dir)]
     # --- the reference deployment, in its order -------------------------------------
     if s.quantization != "none":
         argv += ["--quantization", s.quantization]
@@ -101,8 +105,23 @@ def vllm_argv(settings: Any) -> list[str]:
         argv.append("--enforce-eager")
     argv.append("--async-scheduling" if s.async_scheduling else "--no-async-scheduling")
     if s.api_key is not None:
-        argv += ["--api-key", s.api_key.get_secret_value()]
+        argv += ["--config", str(secrets_file or secrets_path(s))]
     return argv
+
+
+def secrets_path(settings: Any) -> Path:
+    """Where serve writes the secrets file while the server runs: beside its port lock."""
+    return Path(settings.lock_dir).expanduser() / f"serve-{settings.port}.secrets.yaml"
+
+
+def secrets_yaml(settings: Any) -> str | None:
+    """The YAML for vLLM's `--config` file carrying the secrets, or None when there are none.
+
+    JSON string quoting is valid YAML, so any key survives as written.
+    """
+    if settings.api_key is None:
+        return None
+    return f"api-key: {json.dumps(settings.api_key.get_secret_value())}\n"
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
@@ -283,6 +302,8 @@ __all__ = [
     "plugin_config",
     "plugin_config_obj",
     "redact_argv",
+    "secrets_path",
+    "secrets_yaml",
     "speculative_config",
     "visible_devices",
     "vllm_argv",

@@ -111,6 +111,15 @@ def fake_vllm_path(root: Path) -> Path:
     return base
 
 
+def alive(pid: int) -> bool:
+    """Running, and not a zombie left to a parent (or PID 1) that does not reap it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sm70ctl.errors import Sm70Error
 from sm70ctl.launch import (
@@ -15,6 +16,8 @@ from sm70ctl.launch import (
     compile_fingerprint,
     plugin_config,
     redact_argv,
+    secrets_path,
+    secrets_yaml,
     vllm_argv,
     vllm_env,
 )
@@ -60,13 +63,13 @@ def test_default_argv_reproduces_the_reference_command_exactly():
     s = defaults()
     argv = vllm_argv(s)
     assert argv[0] == str(s.serve_python)
-    assert argv[1:4] == ["-m", "vllm.entrypoints.openai.api_server", str(s.model_dir)]
+    assert argv[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", str(s.model_dir)]
     reference = shlex.split(REFERENCE.replace('"', '\\"'))
-    assert argv[4 : 4 + len(reference)] == reference
-    additions = argv[4 + len(reference) :]
+    assert argv[5 : 5 + len(reference)] == reference
+    additions = argv[5 + len(reference) :]
     assert additions == [
         "--host", "127.0.0.1", "--port", "8000", "--served-model-name", "qwen3.8-27b",
-        "--attention-backend", "SM70_PAGED", "--pipeline-parallel-size", "1",
+        "--attention-backend", "TRITON_ATTN", "--pipeline-parallel-size", "1",
         "--long-prefill-token-threshold", "2048", "--max-logprobs", "20",
         "--generation-config", "auto", "--no-async-scheduling",
     ]
@@ -133,13 +136,21 @@ def test_graph_sizes_are_sorted_on_output():
     assert cfg["cudagraph_capture_sizes"] == [1, 2, 4, 8, 16]
 
 
-def test_api_key_is_passed_and_redacted():
+def test_api_key_goes_through_a_config_file_never_the_command_line(tmp_path):
     s = load_settings({"SM70_API_KEY": "sk-very-secret", "SM70_HOST": "0.0.0.0"})
-    argv = vllm_argv(s)
-    assert argv[argv.index("--api-key") + 1] == "sk-very-secret"
-    shown = redact_argv(argv)
-    assert "sk-very-secret" not in shown and shown[shown.index("--api-key") + 1] == "***"
+    assert vllm_argv(s)[-2:] == ["--config", str(secrets_path(s))]
+    argv = vllm_argv(s, secrets_file=tmp_path / "s.yaml")
+    assert argv[argv.index("--config") + 1] == str(tmp_path / "s.yaml")
+    assert "--api-key" not in argv and "sk-very-secret" not in " ".join(argv)
     assert "sk-very-secret" not in json.dumps(vllm_env(s))
+    # what vLLM's --config loader reads back: one key, exactly the secret
+    assert yaml.safe_load(secrets_yaml(s)) == {"api-key": "sk-very-secret"}
+    assert secrets_yaml(load_settings({})) is None
+
+
+def test_redact_argv_masks_secret_flags():
+    shown = redact_argv(["py", "--api-key", "sk-1", "--port", "8000"])
+    assert shown == ["py", "--api-key", "***", "--port", "8000"]
 
 
 def test_gpu_uuids_need_resolved_indices():

@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from serve_fakes import fake_env, free_port, port_is_free
+from serve_fakes import alive, fake_env, free_port, port_is_free
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_ENV = REPO / "tests" / "e2e" / "cpu.env"
@@ -136,6 +136,24 @@ def test_cpu_device_needs_cpu_profile(env: dict[str, str], tmp_path: Path) -> No
     assert starts(tmp_path / "starts.txt") == 0
 
 
+def test_bad_device_is_a_usage_error(env: dict[str, str]) -> None:
+    for cmd in (["serve", "--device", "gpu"], ["warmup", "--device", "tpu"]):
+        r = sm70(cmd, env)
+        assert r.returncode == 2 and "--device" in r.stderr
+
+
+def test_dry_run_with_unresolvable_uuids(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SM70_")}
+    env.update({"SM70_LOCK_DIR": str(tmp_path / "l"), "SM70_CACHE_DIR": str(tmp_path / "c"),
+                "SM70_GPUS": "GPU-aaaa,GPU-bbbb"})
+    r = sm70(["serve", "--dry-run", "--json"], env)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["env"]["CUDA_VISIBLE_DEVICES"].startswith("(unresolved")
+    gpu = next(c for c in data["checks"] if c["name"] == "GPU indices")
+    assert gpu["status"] == "fail"
+
+
 def test_public_host_without_key_refused(env: dict[str, str], tmp_path: Path) -> None:
     env["SM70_HOST"] = "0.0.0.0"
     r = sm70(serve_args("--allow-cold"), env)
@@ -168,11 +186,13 @@ def test_dry_run_defaults_print_reference_command(tmp_path: Path) -> None:
     assert "-m vllm.entrypoints.openai.api_server --model " in line
     assert REFERENCE in line
     # our additions follow the reference flags
-    assert line.index(REFERENCE) < line.index("--attention-backend SM70_PAGED")
+    assert line.index(REFERENCE) < line.index("--attention-backend TRITON_ATTN")
     assert data["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert data["env"]["TORCH_CUDA_ARCH_LIST"] == "7.0"
     argv = data["command"]
-    assert argv[argv.index("--api-key") + 1] == "***"
+    # the key travels in a private --config file, never on the command line
+    assert "--api-key" not in argv
+    assert argv[argv.index("--config") + 1].endswith("serve-8000.secrets.yaml")
     for stream in (r.stdout, r.stderr):
         assert "sk-very-secret-value" not in stream and "hf_secret_token" not in stream
     # the human rendering too
@@ -224,6 +244,26 @@ def test_serve_lifecycle_sigterm_frees_port_and_lock(env: dict[str, str], tmp_pa
     for text in (log, err):
         assert "hf_do_not_leak" not in text and "tok-do-not-log" not in text
     # lock released: a new serve can take the port at once
+    dry = json.loads(sm70(serve_args("--dry-run", "--json"), env).stdout)
+    assert {c["name"]: c["status"] for c in dry["checks"]}["port lock"] == "pass"
+
+
+def test_server_stops_when_supervisor_is_killed(env: dict[str, str], tmp_path: Path) -> None:
+    port = int(env["SM70_PORT"])
+    proc = start_serve(env, tmp_path, "--allow-cold")
+    try:
+        assert wait_file(tmp_path / "serve.stderr", "ready after")
+        server_pid = int((tmp_path / "starts.txt").read_text().split()[1])
+        proc.send_signal(signal.SIGKILL)  # no clean-up possible in the supervisor
+        proc.wait(timeout=10)
+        end = time.monotonic() + 15
+        while time.monotonic() < end and (alive(server_pid) or not port_is_free(port)):
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert port_is_free(port)
+    assert not alive(server_pid)
     dry = json.loads(sm70(serve_args("--dry-run", "--json"), env).stdout)
     assert {c["name"]: c["status"] for c in dry["checks"]}["port lock"] == "pass"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sm70ctl.launch import VLLM_ENTRYPOINT
 from sm70ctl.serve.environment import (
     MASK,
     child_env,
@@ -13,7 +12,13 @@ from sm70ctl.serve.environment import (
     mask_env,
     unmanaged,
 )
-from sm70ctl.serve.launching import base_url, cpu_problems, managed_env, with_model_flag
+from sm70ctl.serve.launching import (
+    base_url,
+    cpu_problems,
+    managed_env,
+    secrets_file,
+    server_argv,
+)
 from sm70ctl.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,12 +56,18 @@ def test_mask_env() -> None:
         "A": "1", "MY_TOKEN": MASK, "B": MASK}
 
 
-def test_model_flag() -> None:
-    argv = ["/py", "-m", VLLM_ENTRYPOINT, "/models/x", "--dtype", "float16"]
-    assert with_model_flag(argv) == ["/py", "-m", VLLM_ENTRYPOINT, "--model", "/models/x",
-                                     "--dtype", "float16"]
-    fixed = ["/py", "-m", VLLM_ENTRYPOINT, "--model", "/models/x"]
-    assert with_model_flag(fixed) == fixed
+def test_secrets_file_is_private_and_removed(tmp_path: Path) -> None:
+    s = load_settings(environ={"SM70_API_KEY": "sk-abc", "SM70_LOCK_DIR": str(tmp_path)})
+    with secrets_file(s) as path:
+        assert path is not None and path.parent == tmp_path
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert "sk-abc" in path.read_text()
+        argv = server_argv(s, path)
+        assert argv[argv.index("--config") + 1] == str(path)
+        assert not any("sk-abc" in a for a in argv)
+    assert not path.exists()
+    with secrets_file(load_settings(environ={})) as none:
+        assert none is None
 
 
 def test_cpu_problems_name_settings() -> None:
@@ -64,7 +75,7 @@ def test_cpu_problems_name_settings() -> None:
     problems = cpu_problems(defaults)
     text = " ".join(problems)
     for name in ("SM70_QUANTIZATION=gptq", "SM70_KV_CACHE_DTYPE=int8_per_token_head",
-                 "SM70_SPEC_METHOD=mtp", "SM70_ATTENTION_BACKEND=SM70_PAGED",
+                 "SM70_SPEC_METHOD=mtp",
                  "SM70_TENSOR_PARALLEL_SIZE=2"):
         assert name in text
     cpu = load_settings(environ={}, env_file=REPO / "tests" / "e2e" / "cpu.env")
@@ -82,6 +93,11 @@ def test_managed_env_points_caches_at_entry(tmp_path: Path) -> None:
     assert env["SM70_KERNELS_BUILD_DIR"] == str(tmp_path / "fp" / "kernels")
     cpu = load_settings(environ={}, env_file=REPO / "tests" / "e2e" / "cpu.env")
     assert managed_env(cpu, "cpu", tmp_path)["CUDA_VISIBLE_DEVICES"] == ""
+    assert managed_env(cpu, "cpu", tmp_path)["VLLM_USE_AOT_COMPILE"] == "0"
+    uuids = load_settings(environ={"SM70_GPUS": "GPU-aaaa,GPU-bbbb"})
+    shown = managed_env(uuids, "cuda", tmp_path)["CUDA_VISIBLE_DEVICES"]
+    assert shown == "(unresolved: GPU-aaaa,GPU-bbbb)"
+    assert managed_env(uuids, "cuda", tmp_path, [1, 0])["CUDA_VISIBLE_DEVICES"] == "1,0"
 
 
 def test_base_url() -> None:

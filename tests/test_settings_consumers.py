@@ -12,8 +12,15 @@ from dataclasses import fields
 from typing import Any
 
 import pytest
+import yaml
 
-from sm70ctl.launch import compile_fingerprint, compile_key_items, plugin_config_obj, vllm_argv
+from sm70ctl.launch import (
+    compile_fingerprint,
+    compile_key_items,
+    plugin_config_obj,
+    secrets_yaml,
+    vllm_argv,
+)
 from sm70ctl.launch import vllm_env as _vllm_env
 from sm70ctl.settings import SettingsError, load_schema, load_settings
 from sm70ctl.settings.consumers import CONSUMER_FUNCTIONS
@@ -43,9 +50,10 @@ def consumer_view(kind: str, target: str, settings: Any) -> Any:
         argv = vllm_argv(settings)
         if target == "PYTHON":
             return argv[0]
-        if target == "MODEL":
-            return argv[3]
         return flag_view(argv, target)
+    if kind == "vllm_secret":
+        text = secrets_yaml(settings)
+        return None if text is None else yaml.safe_load(text).get(target)
     if kind == "vllm_env":
         return vllm_env(settings).get(target)
     if kind == "plugin":
@@ -131,7 +139,9 @@ def test_managed_env_vars_are_declared_or_fixed():
 def test_every_emitted_flag_is_declared():
     s = load_settings({"SM70_BLOCK_SIZE": "64", "SM70_ENFORCE_EAGER": "true",
                        "SM70_API_KEY": "k"})
-    declared = _targets("vllm_flag")
+    # --config carries the vllm_secret keys (the API key file), never a setting of its own
+    declared = _targets("vllm_flag") | {"--config"}
+    assert _targets("vllm_secret") == {"api-key"}
     for arg in vllm_argv(s):
         if arg.startswith("--"):
             name = "--" + arg[len("--no-"):] if arg.startswith("--no-") else arg

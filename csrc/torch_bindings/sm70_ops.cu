@@ -56,7 +56,7 @@ void check_packed_weight(const Tensor& qw, const Tensor& sz, int64_t K, int64_t 
 }
 
 Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t group_size,
-                 const std::optional<Tensor>& bias, int64_t ksplit) {
+                 const std::optional<Tensor>& bias, int64_t ksplit, int64_t kernel) {
   SM70_CHECK_CUDA(x);
   SM70_CHECK_CONTIG(x);
   SM70_CHECK_DTYPE(x, at::kHalf);
@@ -81,6 +81,10 @@ Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t gr
   const auto* s = reinterpret_cast<const __half2*>(sz.data_ptr<at::Half>());
   const int n = (int)N, k = (int)K, g = (int)group_size;
   TORCH_CHECK(ksplit == 0 || ksplit == 1 || ksplit == 4, "ksplit must be 0 (auto), 1 or 4");
+  TORCH_CHECK(kernel >= 0 && kernel <= 3,
+              "kernel must be 0 (auto), 1 (classic), 2 or 3 (streamed, M = 1)");
+  TORCH_CHECK(kernel < 2 || M == 1, "kernel 2 and 3 (streamed) take M = 1 only");
+  const int kn = (int)kernel;
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()));
   // ksplit 1 or 4 forces the mode (tuning): with 0 SMs no N is "too few warps" (mode 1);
@@ -88,7 +92,7 @@ Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t gr
   if (ksplit == 1) sms = 0;
   if (ksplit == 4) sms = -1;
   switch (M) {
-    case 1: sm70::launch_gptq_gemv<1>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
+    case 1: sm70::launch_gptq_gemv<1>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream, kn); break;
     case 2: sm70::launch_gptq_gemv<2>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
     case 3: sm70::launch_gptq_gemv<3>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
     case 4: sm70::launch_gptq_gemv<4>(hptr(x), q, s, bp, hptr_mut(y), n, k, g, sms, stream); break;
@@ -297,8 +301,8 @@ Tensor int8_gemm_lowrank(const Tensor& x, const Tensor& qw, const Tensor& sz, in
 
 TORCH_LIBRARY(sm70, m) {
   m.def(
-      "gptq_gemv(Tensor x, Tensor qw, Tensor sz, int group_size, Tensor? bias, int ksplit=0) "
-      "-> Tensor");
+      "gptq_gemv(Tensor x, Tensor qw, Tensor sz, int group_size, Tensor? bias, int ksplit=0, "
+      "int kernel=0) -> Tensor");
   m.def(
       "kv_int8_write(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, "
       "Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor slot_mapping) -> ()");

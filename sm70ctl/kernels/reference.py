@@ -208,9 +208,17 @@ def decode_num_splits(
     sm_count: int,
     max_splits: int = 64,
     min_tokens_per_split: int = 256,
+    ctas_per_sm: int = 2,
 ) -> int:
-    """Splits per (sequence, KV head) so the grid covers the GPU about 4 times over."""
-    want = max(1, math.ceil(4 * sm_count / max(1, batch * kv_heads)))
+    """Splits per (sequence, KV head) so the grid is one full wave of resident blocks.
+
+    Every block of a split-K launch does the same work, so a grid of 1.3 waves costs two
+    block durations; the largest split count whose grid still fits the resident blocks at
+    once is the fastest. ctas_per_sm: decode blocks resident per SM, 2 on V100 (41 KB of
+    static shared memory each, 96 KB per SM), 3 on the H200 (164 registers x 128 threads).
+    """
+    slots = max(1, ctas_per_sm) * max(1, sm_count)
+    want = max(1, slots // max(1, batch * kv_heads))
     by_len = max(1, math.ceil(max_context / min_tokens_per_split))
     return max(1, min(max_splits, want, by_len))
 

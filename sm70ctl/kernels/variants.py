@@ -35,6 +35,10 @@ VARIANTS: tuple[KernelVariant, ...] = (
         KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_kernel<{m}, {gemv_rows(m)}>", 128)
         for m in range(1, 9)
     ),
+    *(
+        KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_stream_kernel<4, {u}>", 128)
+        for u in (1, 2)
+    ),
     KernelVariant("kv_int8.cuh", "sm70::kv_int8_write_kernel<256>", 128),
     *(
         KernelVariant(

@@ -197,7 +197,13 @@ def run_serve(
     from sm70ctl.launch import redact_argv
     from sm70ctl.output import Output
     from sm70ctl.serve.environment import mask_env, shell_line
-    from sm70ctl.serve.launching import DEVICES, cpu_problems, managed_env, server_argv
+    from sm70ctl.serve.launching import (
+        DEVICES,
+        cpu_problems,
+        managed_env,
+        secrets_file,
+        server_argv,
+    )
     from sm70ctl.serve.lock import port_lock
     from sm70ctl.serve.preflight import failures, run_checks
     from sm70ctl.warmup.manifest import entry_dir
@@ -258,7 +264,9 @@ def run_serve(
                 out.warn(f"{c.name}: {c.detail}")
         entry = entry_dir(settings.cache_dir, gathered["fingerprint"])
         env = managed_env(settings, device, entry, gathered["gpu_indices"])
-        return _launch(settings, out, argv, env, environ, secrets, restart, doc, lock.path)
+        with secrets_file(settings) as secrets_path:
+            argv = server_argv(settings, secrets_path)
+            return _launch(settings, out, argv, env, environ, secrets, restart, doc, lock.path)
     finally:
         lock.release()
 

@@ -7,10 +7,13 @@ and the warmed cache entry.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sm70ctl.launch import VLLM_ENTRYPOINT, vllm_argv, vllm_env
+from sm70ctl.launch import secrets_path, secrets_yaml, vllm_argv, vllm_env
 from sm70ctl.warmup.manifest import cache_env
 
 DEVICES = ("cuda", "cpu")
@@ -40,22 +43,30 @@ def cpu_problems(settings: Any) -> list[str]:
     return out
 
 
-def with_model_flag(argv: list[str]) -> list[str]:
-    """`python -m vllm.entrypoints.openai.api_server MODEL` ignores a positional MODEL (only
-    the `vllm serve` front end copies it into --model) and would serve vLLM's default
-    model, so pass it as `--model`. A no-op once launch.py emits --model itself."""
-    if (
-        len(argv) > 3
-        and argv[1:3] == ["-m", VLLM_ENTRYPOINT]
-        and not argv[3].startswith("-")
-        and "--model" not in argv
-    ):
-        return [*argv[:3], "--model", argv[3], *argv[4:]]
-    return list(argv)
+@contextmanager
+def secrets_file(settings: Any) -> Iterator[Path | None]:
+    """Write vLLM's `--config` secrets file (mode 0600 from the start, never world-readable)
+    for the server's lifetime and remove it afterwards; None when there are no secrets."""
+    text = secrets_yaml(settings)
+    if text is None:
+        yield None
+        return
+    path = secrets_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
 
 
-def server_argv(settings: Any) -> list[str]:
-    return with_model_flag(vllm_argv(settings))
+def server_argv(settings: Any, secrets: Path | None = None) -> list[str]:
+    """The server's command line; `secrets` is the path `secrets_file` yielded (the dry
+    run shows where it would be)."""
+    return vllm_argv(settings, secrets_file=secrets)
 
 
 def managed_env(
@@ -68,11 +79,15 @@ def managed_env(
     """Every variable sm70ctl sets for the server: launch.py's, with the cache variables
     pointed at the warmup's fingerprinted entry (launch keys its folder on settings
     alone; ours adds sources, compiler and library versions)."""
-    env = vllm_env(
-        settings,
-        p2p_available=p2p_available,
-        gpu_indices=gpu_indices if device == "cuda" else None,
-    ) if device == "cuda" else _cpu_env(settings)
+    if device == "cpu":
+        env = _cpu_env(settings)
+    elif gpu_indices is None and not all(g.isdigit() for g in settings.gpus):
+        # Only reachable from a dry run (a real run stops at the failed GPU check first).
+        env = vllm_env(settings, p2p_available=p2p_available,
+                       gpu_indices=list(range(len(settings.gpus))))
+        env["CUDA_VISIBLE_DEVICES"] = "(unresolved: " + ",".join(settings.gpus) + ")"
+    else:
+        env = vllm_env(settings, p2p_available=p2p_available, gpu_indices=gpu_indices)
     env.update(cache_env(cache_entry))
     return env
 

@@ -120,6 +120,16 @@ class ServerSpec:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM the server if the supervisor dies
+    (even by SIGKILL), so no orphaned server keeps the port after its lock is gone."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class ServerProcess:
     def __init__(self, spec: ServerSpec, log: ServerLog) -> None:
         self.spec = spec
@@ -140,6 +150,7 @@ class ServerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: we signal the whole server
+            preexec_fn=_die_with_parent,
         )
         self._pump = threading.Thread(target=self._pump_output, daemon=True)
         self._pump.start()

@@ -34,7 +34,8 @@ the variable says "empty for none". Variables marked *compile key* change compil
 kernels: they form the compile-cache fingerprint, so changing one starts a fresh cache.
 
 Where a value takes effect (consumer kinds): `vllm_flag` a vLLM command-line flag,
-`vllm_env` an environment variable of the vLLM process, `plugin` a field of the plugin
+`vllm_secret` a key of the private file vLLM reads through `--config`, `vllm_env` an
+environment variable of the vLLM process, `plugin` a field of the plugin
 configuration (`SM70_PLUGIN_CONFIG`), `kernel` the compile-cache key, `plan` the memory
 plan, `supervisor` serve's supervisor, `doctor` the doctor checks, `build` the build,
 `weights` weights fetch/verify.

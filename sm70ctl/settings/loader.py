@@ -121,6 +121,16 @@ def collect(
     return known, problems
 
 
+def _rule_source(problem: Problem, sources: dict[str, str]) -> str:
+    """Where a cross-field conflict came from: the variable's own source, and when that is
+    the default, also the related variables someone did set (the ones to look at first)."""
+    own = sources.get(problem.variable, DEFAULT)
+    if own != DEFAULT:
+        return own
+    set_by_user = [f"{name} from {sources[name]}" for name in problem.related if name in sources]
+    return "; ".join([DEFAULT, *set_by_user])
+
+
 def _value_problems(
     exc: ValidationError, raw: dict[str, RawValue], schema: Schema
 ) -> list[Problem]:
@@ -162,7 +172,7 @@ def validate(raw: dict[str, RawValue], problems: list[Problem] | None = None) ->
     for p in check_rules(settings, skip=frozenset(failed)):
         problems.append(Problem(variable=p.variable, value=p.value, rule=p.rule,
                                 allowed=p.allowed, related=p.related,
-                                source=sources.get(p.variable, DEFAULT)))
+                                source=_rule_source(p, sources)))
     if problems:
         raise SettingsError(problems)
     settings._sources = sources

@@ -20,6 +20,7 @@ PREFIX = "SM70_"
 TYPES = ("bool", "int", "float", "bytes", "duration", "enum", "path", "string", "list")
 CONSUMER_KINDS = (
     "vllm_flag",
+    "vllm_secret",
     "vllm_env",
     "plugin",
     "kernel",

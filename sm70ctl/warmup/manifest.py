@@ -11,8 +11,6 @@ as cold; see runner.py for why entries are built in place.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -80,19 +78,11 @@ def cache_env(entry: Path) -> dict[str, str]:
 
 def write_manifest(folder: Path, manifest: Manifest) -> Path:
     """Atomic: a reader sees the old manifest or the new one, never half of one."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(manifest.to_dict(), f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, folder / MANIFEST)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return folder / MANIFEST
+    from sm70ctl.fsutil import atomic_write_text
+
+    path = Path(folder) / MANIFEST
+    atomic_write_text(path, json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
+    return path
 
 
 def read_manifest(folder: Path) -> Manifest | None:

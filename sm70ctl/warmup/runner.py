@@ -174,13 +174,14 @@ def _run_vllm(ctx: RunContext, folder: Path, name: str) -> Step:
 
     s = ctx.settings
     port = free_port()
-    local = _with(s, host="127.0.0.1", port=port)
+    # A private loopback server on a free port: no API key needed, none written anywhere.
+    local = _with(s, host="127.0.0.1", port=port, api_key=None)
     managed = managed_env(local, ctx.device, folder, _indices(local, ctx.device))
     spec = ServerSpec(
         argv=server_argv(local),
         env=child_env(ctx.environ, managed),
         base_url=base_url(local),
-        api_key=s.api_key.get_secret_value() if s.api_key else None,
+        api_key=None,
         startup_timeout=float(s.startup_timeout),
         shutdown_grace=float(s.shutdown_grace),
     )

@@ -120,6 +120,41 @@ def test_gptq_gemv_edges(n):
             assert rel_err(y, want) < 2e-3, (k, m)
 
 
+@pytest.mark.parametrize("kernel", [1, 2, 3])
+@pytest.mark.parametrize("ksplit", [0, 1, 4])
+def test_gptq_gemv_every_kernel_and_split(kernel, ksplit):
+    """M = 1 through each kernel (classic, streamed U = 1 / 2) and K-split mode forced,
+    on a model shape, the int8 lm_head layout (G = K) and odd N with K tails."""
+    gen = torch.Generator(device="cuda").manual_seed(100 * kernel + ksplit)
+    cases = [
+        (7168, 5120, 128),
+        (4099, HIDDEN, HIDDEN),
+        (130, 2064 - 16, 16),
+        (3, 384, 128),
+        (17, 1152, 128),
+        (5120, 8704, 128),
+    ]
+    for n, k, g in cases:
+        qw = torch.randint(0, 256, (n, k), dtype=torch.uint8, device="cuda", generator=gen)
+        sz = torch.empty(n, k // g, 2, device="cuda", dtype=torch.float16)
+        sz[..., 0] = (torch.rand(n, k // g, device="cuda", generator=gen) * 2e-3 + 1e-4).half()
+        sz[..., 1] = torch.randint(1, 256, (n, k // g), device="cuda", generator=gen).half()
+        x = torch.randn(1, k, device="cuda", generator=gen).half()
+        for bias in (None, torch.randn(n, device="cuda", generator=gen).half()):
+            poison(n * 2)
+            y = torch.ops.sm70.gptq_gemv(x, qw, sz, g, bias, ksplit, kernel)
+            want = ref.gemv_reference(x, ref.dequant_repacked(qw, sz, g), bias)
+            assert rel_err(y, want) < 2e-3, (n, k, g, bias is None)
+
+
+def test_gptq_gemv_streamed_kernel_takes_one_row():
+    x = torch.randn(2, 256, device="cuda").half()
+    qw = torch.zeros(8, 256, dtype=torch.uint8, device="cuda")
+    sz = torch.ones(8, 2, 2, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="M = 1 only"):
+        torch.ops.sm70.gptq_gemv(x, qw, sz, 128, None, 0, 2)
+
+
 @pytest.mark.parametrize("case,message", [("rows", "1 to 8 rows"), ("group", "group_size")])
 def test_gptq_gemv_rejects_bad_input(case, message):
     """Bad shapes raise a clear RuntimeError (in a child: a crash must not end the run)."""
