@@ -8,7 +8,6 @@ from sm70ctl.serve.environment import (
     MASK,
     child_env,
     is_secret_name,
-    mask_argv,
     mask_env,
     unmanaged,
 )
@@ -43,12 +42,6 @@ def test_unmanaged_lists_and_masks() -> None:
                       "CUDA_DEVICE_ORDER": "x"}, {"CUDA_DEVICE_ORDER"})
     assert rows == [("HF_TOKEN", MASK, True), ("PATH", "/bin", False),
                     ("VLLM_USE_V1", "1", True)]
-
-
-def test_mask_argv() -> None:
-    argv = ["py", "--api-key", "sk-1", "--api-key=sk-2", "--model", "/m", "--x", "a-sk-3-b"]
-    assert mask_argv(argv, ["sk-3"]) == ["py", "--api-key", MASK, f"--api-key={MASK}",
-                                         "--model", "/m", "--x", MASK]
 
 
 def test_mask_env() -> None:

@@ -17,8 +17,6 @@ MASK = "***"
 
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE|CREDENTIAL|AUTH",
                           re.IGNORECASE)
-# Flags whose value is a secret.
-SECRET_FLAGS = frozenset({"--api-key"})
 # Prefixes of variables that can change what vLLM/torch/NCCL do (flagged in the log).
 _INFLUENTIAL = ("VLLM_", "CUDA_", "NCCL_", "TORCH", "PYTORCH_", "TRITON_", "HF_",
                 "TRANSFORMERS_", "OMP_", "MKL_", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHON")
@@ -52,29 +50,6 @@ def mask_env(env: Mapping[str, str], secrets: Iterable[str] = ()) -> dict[str, s
     out = {}
     for k, v in env.items():
         out[k] = MASK if is_secret_name(k) or any(s in v for s in values) else v
-    return out
-
-
-def mask_argv(argv: Sequence[str], secrets: Iterable[str] = ()) -> list[str]:
-    """Hide the values of secret flags (`--api-key X`, `--api-key=X`) and any argument that
-    contains a known secret value."""
-    values = [s for s in secrets if s]
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(MASK)
-            hide_next = False
-            continue
-        flag, eq, _ = arg.partition("=")
-        if flag in SECRET_FLAGS:
-            if eq:
-                out.append(f"{flag}={MASK}")
-            else:
-                out.append(arg)
-                hide_next = True
-            continue
-        out.append(MASK if any(s in arg for s in values) else arg)
     return out
 
 
