@@ -68,17 +68,34 @@ _wire()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI; expected failures become one line on stderr and an exit code."""
+    """Run the CLI; expected failures become one line on stderr and an exit code.
+
+    Click's own usage errors (a bad option value, an unknown command) get the same
+    `error:` / `fix:` lines as ours instead of Typer's multi-line boxed panel."""
+    import click
+
     from sm70ctl.output import Output
 
     try:
-        app(args=argv, standalone_mode=True)
+        rv = app(args=argv, prog_name="sm70ctl", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        sys.exit(exc.exit_code)  # the help has been printed: nothing was asked yet
+    except click.ClickException as exc:
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "sm70ctl"
+        Output().error(exc.format_message(), f"see `{where} --help`")
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        Output().error("aborted")
+        sys.exit(1)
     except Sm70Error as exc:
         Output().error(exc.message, exc.hint)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         Output().error("interrupted")
         sys.exit(130)
+    # without standalone mode Click returns the exit code (typer.Exit, --help) or None
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 __all__ = ["EXIT_USAGE", "app", "main"]

@@ -125,10 +125,14 @@ def secrets_yaml(settings: Any) -> str | None:
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
-    """argv safe to print or log: values of secret flags become ***."""
+    """argv safe to print or log: values of secret flags (`--api-key X` or
+    `--api-key=X`) become ***."""
     out = list(argv)
-    for i, arg in enumerate(out[:-1]):
-        if arg in SECRET_FLAGS:
+    for i, arg in enumerate(out):
+        flag, eq, _ = arg.partition("=")
+        if flag in SECRET_FLAGS and eq:
+            out[i] = f"{flag}={MASK}"
+        elif arg in SECRET_FLAGS and i + 1 < len(out):
             out[i + 1] = MASK
     return out
 

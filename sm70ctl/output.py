@@ -28,10 +28,24 @@ STATUS_STYLE = {
 }
 
 
+DEFAULT_WIDTH = 160
+MIN_WIDTH = 40
+
+
+def _width(columns: str | None) -> int:
+    """The console width off a terminal: $COLUMNS when it is a sane number, else 160
+    (an empty, non-numeric or zero COLUMNS once crashed or silenced every command)."""
+    try:
+        width = int(columns) if columns is not None else DEFAULT_WIDTH
+    except ValueError:
+        return DEFAULT_WIDTH
+    return max(width, MIN_WIDTH) if width > 0 else DEFAULT_WIDTH
+
+
 def _console(stderr: bool) -> Console:
     # Deterministic output when not on a terminal (tests, pipes, CI logs): no colour
     # codes, a fixed width wide enough for our tables.
-    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "160"))
+    width = None if sys.stdout.isatty() else _width(os.environ.get("COLUMNS"))
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
 
@@ -55,19 +69,20 @@ class Output:
             self.out.print_json(data=data, default=str)
 
     # --- diagnostics (stderr) ----------------------------------------------------------
+    # soft_wrap: a diagnostic stays one line whatever the width, so logs can be grepped
     def info(self, msg: str) -> None:
-        self.err.print(msg, markup=False)
+        self.err.print(msg, markup=False, soft_wrap=True)
 
     def success(self, msg: str) -> None:
-        self.err.print(f"[green]{escape(msg)}[/green]")
+        self.err.print(f"[green]{escape(msg)}[/green]", soft_wrap=True)
 
     def warn(self, msg: str) -> None:
-        self.err.print(f"[yellow]warning:[/yellow] {escape(msg)}")
+        self.err.print(f"[yellow]warning:[/yellow] {escape(msg)}", soft_wrap=True)
 
     def error(self, msg: str, hint: str | None = None) -> None:
-        self.err.print(f"[bold red]error:[/bold red] {escape(msg)}")
+        self.err.print(f"[bold red]error:[/bold red] {escape(msg)}", soft_wrap=True)
         if hint:
-            self.err.print(f"  [dim]fix:[/dim] {escape(hint)}")
+            self.err.print(f"  [dim]fix:[/dim] {escape(hint)}", soft_wrap=True)
 
 
 def escape(text: str) -> str:

@@ -23,6 +23,7 @@ ap.add_argument("--host", default="127.0.0.1")
 ap.add_argument("--port", type=int, default=8000)
 ap.add_argument("--model")
 ap.add_argument("--served-model-name", default="fake")
+ap.add_argument("--config")
 args, _rest = ap.parse_known_args()
 mode = os.environ.get("FAKE_MODE", "ok")
 marker = os.environ.get("FAKE_MARKER")
@@ -30,6 +31,8 @@ if marker:
     with open(marker, "a") as f:
         f.write(f"started {os.getpid()}\n")
 print(f"fake vllm: pid {os.getpid()} model {args.model} port {args.port}", flush=True)
+if args.config and os.environ.get("FAKE_PRINT_CONFIG"):  # a server that logs its args
+    print("fake vllm: args from --config: " + open(args.config).read().strip(), flush=True)
 print("fake vllm: SM70 vars seen: " + ",".join(sorted(k for k in os.environ
       if k.startswith("SM70_") and k != "SM70_PLUGIN_CONFIG")), flush=True)
 print("fake vllm: CUDA_VISIBLE_DEVICES=" + repr(os.environ.get("CUDA_VISIBLE_DEVICES")),

@@ -386,3 +386,83 @@ def test_compile_refuses_cuda13_nvcc(up: Upstream) -> None:
                   up.env(SM70_CUDA_HOME=home))
     assert res.returncode == 1
     assert "cannot emit sm_70" in " ".join(res.stderr.split())
+
+
+def test_mirror_copy_is_verified_after_copying(tmp_path: Path, monkeypatch) -> None:
+    # What is used is what was hashed: a mirror file that changes between a check and the
+    # copy (a mirror being refreshed, a flaky network mount) must not land in place.
+    import hashlib
+    import shutil
+
+    from sm70ctl.build import sources
+
+    src = tmp_path / "mirror" / "a.tar.gz"
+    src.parent.mkdir()
+    src.write_bytes(b"pinned bytes")
+    sha = hashlib.sha256(b"pinned bytes").hexdigest()
+    real_copy = shutil.copyfile
+
+    def changed_during_copy(a, b):
+        real_copy(a, b)
+        Path(b).write_bytes(b"other bytes!")
+        return b
+
+    monkeypatch.setattr(sources.shutil, "copyfile", changed_during_copy)
+    dest = tmp_path / "work" / "a.tar.gz"
+    with pytest.raises(FetchError, match="sha256 mismatch"):
+        sources.copy_verified(src, dest, sha, "archive a")
+    assert not dest.exists() and list(dest.parent.iterdir()) == []
+    monkeypatch.setattr(sources.shutil, "copyfile", real_copy)
+    assert sources.copy_verified(src, dest, sha, "archive a").read_bytes() == b"pinned bytes"
+    assert [p.name for p in dest.parent.iterdir()] == ["a.tar.gz"]  # no temporary left
+    with pytest.raises(FetchError, match="cannot read"):  # a folder where a file should be
+        sources.copy_verified(tmp_path / "mirror", dest, "", "archive a")
+
+
+def test_second_concurrent_build_is_refused_and_leaves_work_in_progress(up: Upstream) -> None:
+    # A running build's `.tmp-*` folder looks like an interrupted run's leftover to a
+    # second build, which would delete it under the first one's feet.
+    build_dir = up.root / "build"
+    wip = build_dir / "steps" / "archive-vllm" / ".tmp-0123456789abcdef-99999"
+    wip.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from sm70ctl.serve.lock import FileLock;"
+         "FileLock(sys.argv[1], 'sm70ctl build').acquire(); print('held', flush=True);"
+         "time.sleep(60)", str(build_dir / ".build.lock")],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        res = _build(up)
+        assert res.returncode == 1
+        assert f"pid {holder.pid}" in res.stderr and "sm70ctl build" in res.stderr
+        assert "Traceback" not in res.stderr
+        assert wip.is_dir()
+        assert not list((build_dir / "steps").glob("*/*.json"))  # nothing was built
+    finally:
+        holder.kill()
+        holder.wait()
+    res = _build(up)  # the lock died with its holder
+    assert res.returncode == 0, res.stderr
+    assert not wip.exists()  # now truly a leftover, and cleaned up
+
+
+def test_second_concurrent_mirror_create_is_refused(up: Upstream, tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from sm70ctl.serve.lock import FileLock;"
+         "FileLock(sys.argv[1], 'sm70ctl mirror create').acquire(); print('held', flush=True);"
+         "time.sleep(60)", str(mirror / ".mirror.lock")],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        res = sm70ctl(["mirror", "create", str(mirror), "--lock", str(up.lock)], up.env())
+        assert res.returncode == 1 and "Traceback" not in res.stderr
+        assert f"pid {holder.pid}" in res.stderr
+        assert not (mirror / "git").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    res = sm70ctl(["mirror", "create", str(mirror), "--lock", str(up.lock)], up.env())
+    assert res.returncode == 0, res.stderr

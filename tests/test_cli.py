@@ -67,3 +67,76 @@ def test_cli_import_pulls_no_heavy_modules() -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
     heavy = {m for m in imported if m.split(".")[0] in {"torch", "vllm", "huggingface_hub"}}
     assert not heavy, f"importing sm70ctl.cli imports {sorted(heavy)}"
+
+
+def _run(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    import os
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SM70_")}
+    base.update(env)
+    return subprocess.run([sys.executable, "-m", "sm70ctl", *args], env=base,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("columns", ["abc", "", "0", "-5"])
+def test_odd_columns_neither_crash_nor_silence_output(columns: str) -> None:
+    # COLUMNS=abc was a ValueError traceback on every command; COLUMNS=0 printed nothing,
+    # not even the error of a failing command
+    r = _run(["env", "list"], COLUMNS=columns)
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert "SM70_MAX_MODEL_LEN" in r.stdout
+    r = _run(["env", "explain", "SM70_NOPE"], COLUMNS=columns)
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: unknown variable 'SM70_NOPE'")
+
+
+def test_output_width_rule() -> None:
+    from sm70ctl.output import DEFAULT_WIDTH, MIN_WIDTH, _width
+
+    assert _width(None) == DEFAULT_WIDTH and _width("x") == DEFAULT_WIDTH
+    assert _width("0") == DEFAULT_WIDTH and _width("-1") == DEFAULT_WIDTH
+    assert _width("200") == 200 and _width("5") == MIN_WIDTH
+
+
+def test_diagnostics_stay_one_line_on_stderr() -> None:
+    # a long message and hint each print as one line (not wrapped at the console width),
+    # on stderr, and markup in them is printed literally
+    code = (
+        "import sys; from sm70ctl.output import Output; o = Output(json_mode=True); "
+        "o.emit({'ok': 1}); o.error('x' * 300 + ' [bold]y[/bold]', hint='h ' * 200); "
+        "o.warn('w ' * 200); o.info('i ' * 200)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={"COLUMNS": "50", "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == '{\n  "ok": 1\n}\n'
+    lines = r.stderr.splitlines()
+    assert len(lines) == 4, lines
+    assert lines[0] == "error: " + "x" * 300 + " [bold]y[/bold]"
+    assert lines[1].startswith("  fix: h h") and lines[2].startswith("warning: w w")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "--context", "0"], "error: Invalid value for '--context': 0 is not in the range"),
+    (["plan", "--gpus"], "error: Option '--gpus' requires an argument."),
+    (["no-such-command"], "error: No such command 'no-such-command'."),
+    (["env", "explain"], "error: Missing argument 'NAME'."),
+    (["doctor", "--record", "."], "error: Invalid value for '--record': File '.' is a directory."),
+])
+def test_click_usage_errors_are_one_line(args: list[str], needle: str) -> None:
+    # Typer drew these as a usage line, a "Try" line and a boxed panel
+    r = _run(args, COLUMNS="60")
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith(needle), r.stderr
+    assert len(lines) == 2 and lines[1].startswith("  fix: see `sm70ctl "), r.stderr
+
+
+def test_exit_codes_pass_through_main() -> None:
+    assert _run(["--version"]).returncode == 0
+    assert _run(["plan", "--help"]).returncode == 0
+    assert _run(["env", "explain", "SM70_PORT", "--json"]).returncode == 0
+    # typer.Exit(1) from a command, and no arguments at all (help, usage exit 2)
+    assert _run(["env", "check"], SM70_PORT="x").returncode == 1
+    r = _run([])
+    assert r.returncode == 2 and "Usage: sm70ctl" in r.stdout

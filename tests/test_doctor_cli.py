@@ -96,6 +96,10 @@ def test_unknown_check_is_a_usage_error_listing_ids():
     assert "unknown --check gpu.nope" in proc.stderr
     for cid in ("gpu.memory", "cuda.sm70-probe", "limits.nofile"):
         assert cid in proc.stderr
+    # an empty id is named visibly (it read "unknown --check " before)
+    proc = doctor("--check", "", "--check", "gpu.nope")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: unknown --check '', gpu.nope\n")
 
 
 def test_check_selects_and_probes_only_what_it_needs():

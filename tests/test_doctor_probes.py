@@ -295,7 +295,22 @@ def test_real_python_with_a_torch_package(tmp_path):
 
 def test_python_missing_and_failing(tmp_path):
     missing = pr.probe_python(DoctorConfig(serve_python=str(tmp_path / "nope" / "python")), ENV)
-    assert not missing.exists and missing.run is None
+    assert not missing.exists and missing.run is None and missing.missing == "no such file"
+    # a folder or a file without the x bit was reported as "not found" too
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    why = {}
+    for given in (tmp_path, plain, tmp_path / "nope"):
+        p = pr.probe_python(DoctorConfig(serve_python=str(given)), ENV)
+        observed = ck.run_checks(DoctorConfig(), pr.ProbeData(python=p),
+                                 ck.select(["serve.python"]))[0].observed
+        why[given] = (p.exists, observed)
+    assert why[tmp_path] == (False, f"SM70_SERVE_PYTHON={tmp_path}: a directory, not an "
+                                    "interpreter")
+    assert why[plain] == (False, f"SM70_SERVE_PYTHON={plain}: not executable")
+    assert why[tmp_path / "nope"][1].endswith(": no such file")
+    bare = pr.probe_python(DoctorConfig(serve_python="no-such-python-sm70"), ENV)
+    assert bare.missing == "not found on PATH"
     bad = script(tmp_path / "python", "echo 'broken interpreter' >&2; exit 3\n")
     probe = pr.probe_python(DoctorConfig(serve_python=str(bad)), ENV)
     assert probe.exists and probe.run.returncode == 3 and probe.python_version is None

@@ -151,6 +151,9 @@ def test_api_key_goes_through_a_config_file_never_the_command_line(tmp_path):
 def test_redact_argv_masks_secret_flags():
     shown = redact_argv(["py", "--api-key", "sk-1", "--port", "8000"])
     assert shown == ["py", "--api-key", "***", "--port", "8000"]
+    # the `=` spelling was shown as given
+    assert redact_argv(["py", "--api-key=sk-2", "--api-key"]) == ["py", "--api-key=***",
+                                                                  "--api-key"]
 
 
 def test_gpu_uuids_need_resolved_indices():

@@ -102,11 +102,97 @@ def test_model_sources(tmp_path):
     (["--gpus", "lots"], 2, "not a memory size"),
     (["--model-dir", "/nonexistent-dir"], 2, "no config.json"),
     (["--gpus", "1x32GiB"], 1, "needs 2"),
+    (["--gpus", "2x"], 2, "'2x' is not a memory size"),
+    (["--gpus", "0x32GiB"], 2, "count must be 1..64"),
+    (["--gpus", "3x-1GiB"], 2, "'-1GiB' is not a memory size"),
+    # an empty spec is a mistake, not "ask NVML"
+    (["--gpus", ""], 2, "'' is not a memory size"),
+    # more digits than a float holds: inf, once a traceback
+    (["--gpus", "2x1" + "0" * 400 + "GiB"], 2, "more than 1 PiB per GPU"),
+    (["--svg", "/proc/no-such-dir/plan.svg"], 1, "--svg /proc/no-such-dir/plan.svg: cannot write"),
+    # once "0 sequence(s) at once" and exit 0
+    (["--context", "99999999999"], 2,
+     "--context 99,999,999,999 is longer than SM70_MAX_MODEL_LEN=262,144"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, code, needle):
     r = run(args, tmp_path)
-    assert r.returncode == code
+    assert r.returncode == code, r.stderr
     assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_overrides_get_the_variables_rules(tmp_path):
+    # --max-model-len / --max-num-seqs were planned unchecked (1e20 tokens, 5000 seqs)
+    r = run(["--max-model-len", "99999999999999999999", "--max-num-seqs", "5000", "--json"],
+            tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    assert ("SM70_MAX_MODEL_LEN='99999999999999999999' [--max-model-len]: out of range "
+            "(allowed: >= 1024 and <= 1048576)") in r.stderr
+    assert "SM70_MAX_NUM_SEQS='5000' [--max-num-seqs]: out of range" in r.stderr
+    # the environment's own bad value is still exit 1, the option wins over it
+    r = run(["--json", "--max-model-len", "131072"], tmp_path, SM70_MAX_MODEL_LEN="9")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["max_model_len"] == 131072
+    r = run(["--json"], tmp_path, SM70_MAX_NUM_SEQS="5000")
+    assert r.returncode == 1 and "SM70_MAX_NUM_SEQS='5000' [environment]" in r.stderr
+
+
+def test_diagnostics_are_not_wrapped(tmp_path):
+    # rich used to wrap long diagnostics at the console width; each stays one line now
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SM70_")}
+    env.update(SM70_MODEL_DIR=str(tmp_path / "no-model"), COLUMNS="60")
+    r = subprocess.run([sys.executable, "-m", "sm70ctl", "plan", "--gpus", "2x16GiB"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("error: GPU 0: ") and lines[0].endswith(" B")
+    assert lines[1].startswith("  fix: what fits on these GPUs: with ")
+    assert lines[1].endswith("the table lists each step")
+
+
+def test_nothing_fits_says_so(tmp_path):
+    # not even the last relaxation leaves room for one sequence: no "set it at or below 0"
+    r = run(["--gpus", "2x1GiB", "--json"], tmp_path)
+    assert r.returncode == 1
+    d = json.loads(r.stdout)
+    assert d["fits"] is False and all(s["longest_sequence"] == 0 for s in d["what_fits"])
+    assert "nothing fits on these GPUs: even with SM70_KV_CACHE_BYTES=0" in r.stderr
+    assert "SM70_STATE_BLOCK_MULTIPLIER=1 the weights" in r.stderr
+    assert "longest single sequence is 0 tokens" not in r.stderr
+
+
+@pytest.mark.parametrize("patch,needle", [
+    ({"num_key_value_heads": "2"}, "`num_key_value_heads` = '2' is not a positive integer"),
+    ({"head_dim": "64"}, "`head_dim` = '64' is not an integer >= 0"),
+    ({"layer_types": 4}, "`layer_types` = 4 is not a list of names"),
+    ({"linear_num_value_heads": "4"}, "`linear_num_value_heads` = '4' is not an integer"),
+    ({"mtp_num_hidden_layers": "1"}, "`mtp_num_hidden_layers` = '1' is not an integer"),
+    ({"quantization_config": "gptq"}, "`quantization_config` = 'gptq' is not a JSON object"),
+    ({"quantization_config": {"bits": 8, "group_size": 128, "dynamic": ["x"]}},
+     "`dynamic` must be a JSON object"),
+    ({"vision_config": {"depth": 2, "hidden_size": 8, "intermediate_size": 8, "num_heads": 1,
+                        "patch_size": 2, "out_hidden_size": 8,
+                        "deepstack_visual_indexes": 3}}, "deepstack_visual_indexes` = 3"),
+    ({"num_attention_heads": 0}, "`num_attention_heads` = 0 is not a positive integer"),
+])
+def test_config_of_the_wrong_types_is_one_line(tmp_path, patch, needle):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**TINY, **patch}))
+    r = run(["--json", "--gpus", "1x4GiB", "--config", str(cfg)], tmp_path,
+            SM70_TENSOR_PARALLEL_SIZE="1", SM70_GPUS="0")
+    assert r.returncode == 1, r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr
+    assert needle in r.stderr
+
+
+def test_other_model_is_named(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096,
+                               "intermediate_size": 11008, "num_hidden_layers": 32,
+                               "num_attention_heads": 32, "vocab_size": 32000}))
+    r = run(["--config", str(cfg)], tmp_path)
+    assert r.returncode == 1
+    assert "(model_type 'llama')" in r.stderr and "qwen3_5" in r.stderr
 
 
 def test_help_has_examples(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 
@@ -127,6 +128,20 @@ def test_load_config_errors(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(Sm70Error, match="not valid JSON"):
         load_config(bad)
+    bad.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(Sm70Error, match="cannot read: 'utf-8' codec"):
+        load_config(bad)
+    # a weights file given as --config: refused after 16 MiB, never read whole
+    from sm70ctl.plan.model_config import CONFIG_MAX_BYTES
+
+    big = tmp_path / "model.safetensors"
+    with big.open("wb") as f:
+        f.truncate(CONFIG_MAX_BYTES + 2)
+    with pytest.raises(Sm70Error, match=r"larger than 16 MiB, not a config\.json"):
+        load_config(big)
+    # a character device is read like a pipe, and /dev/zero stops at the cap
+    with pytest.raises(Sm70Error, match="larger than 16 MiB"):
+        load_config(Path("/dev/zero"))
 
 
 def test_tiny_model_by_hand():
@@ -193,6 +208,38 @@ def test_from_settings_reads_the_schema():
     assert PlanInputs.from_settings(load_settings(environ={})) == PlanInputs()
 
 
+def test_state_pool_larger_than_the_pool_gives_no_negative_counts():
+    # SM70_KV_CACHE_BYTES smaller than the state pool: once "longest single sequence:
+    # -233,920 tokens" and "-1 sequence(s) at once"
+    for split in (True, False):
+        p = _tiny(kv_cache_bytes=4096, max_num_seqs=2, split_pools=split)
+        assert not p.fits and p.gpus[0].layout.kv_blocks < 0
+        assert p.longest_sequence == 0
+        c = p.concurrency(1024)
+        assert c["by_kv"] == 0 and c["sequences"] == 0
+
+
+def test_quantization_setting_against_the_checkpoint():
+    # SM70_QUANTIZATION was declared a plan input but changed nothing in the plan
+    from sm70ctl.settings import load_settings
+
+    gptq = load_config(builtin_config_path())
+    fp16 = parse_config(TINY)
+    one = [Gpu(0, "g", 1 << 30)]
+    inputs = {**TINY_INPUTS}
+    assert PlanInputs.from_settings(load_settings({"SM70_QUANTIZATION": "none"})
+                                    ).quantization == "none"
+    w = compute_plan(fp16, PlanInputs(**inputs), one).warnings
+    assert any(x.startswith("SM70_QUANTIZATION=gptq, but the model config has no "
+                            "quantization_config") for x in w)
+    assert not any("SM70_QUANTIZATION" in x for x in
+                   compute_plan(fp16, PlanInputs(**inputs, quantization="none"), one).warnings)
+    ref = [Gpu(i, "v", V100_32GB_TOTAL) for i in range(2)]
+    assert not any("SM70_QUANTIZATION" in x for x in compute_plan(gptq, PlanInputs(), ref).warnings)
+    w = compute_plan(gptq, PlanInputs(quantization="none"), ref).warnings
+    assert any(x.startswith("SM70_QUANTIZATION=none, but the model config has a GPTQ") for x in w)
+
+
 def test_gpu_specs():
     assert [g.total_bytes for g in parse_gpus("2x16GiB")] == [16 << 30] * 2
     assert [g.total_bytes for g in parse_gpus("32GiB,16GB")] == [32 << 30, 16 * 10**9]
@@ -208,6 +255,23 @@ def test_gpu_specs():
     assert resolve_gpus("1x8GiB", 2, [{"index": 0, "name": "x", "total": 7}]).source == "--gpus"
 
 
+def test_nvml_gpus_follow_sm70_gpus():
+    # the plan used NVML's first cards whatever SM70_GPUS named: a host with a small card
+    # at index 0 was planned on the wrong GPU
+    nvml = [{"index": 0, "name": "small", "uuid": "GPU-aaa", "total": 16 << 30},
+            {"index": 1, "name": "V100", "uuid": "GPU-bbb", "total": V100_32GB_TOTAL},
+            {"index": 2, "name": "V100", "uuid": "GPU-ccc", "total": V100_32GB_TOTAL}]
+    src = resolve_gpus(None, 2, nvml, ["2", "GPU-bbb"])
+    assert [(g.index, g.total_bytes) for g in src.gpus] == [(2, V100_32GB_TOTAL),
+                                                           (1, V100_32GB_TOTAL)]
+    assert "SM70_GPUS=2,GPU-bbb" in src.note
+    assert [g.index for g in resolve_gpus(None, 2, nvml).gpus] == [0, 1, 2]
+    with pytest.raises(Sm70Error, match=r"SM70_GPUS=1,7: NVML has no GPU '7' \(indices 0..2\)"):
+        resolve_gpus(None, 2, nvml, ["1", "7"])
+    # --gpus still wins over NVML and SM70_GPUS
+    assert resolve_gpus("2x8GiB", 2, nvml, ["7"]).source == "--gpus"
+
+
 def _nvml_gpus():
     from sm70ctl.plan.gpus import probe_nvml
 
@@ -219,6 +283,8 @@ def _nvml_gpus():
 def test_nvml_probe_feeds_the_plan():
     nv = _nvml_gpus()
     assert all(int(d["total"]) > (1 << 30) and d["name"] for d in nv)
+    assert all(str(d["uuid"]).startswith("GPU-") for d in nv)
+    assert resolve_gpus(None, 1, nv, [str(nv[-1]["uuid"])]).gpus[0].index == nv[-1]["index"]
     src = resolve_gpus(None, 1, nv)
     assert src.source == "nvml" and src.gpus[0].total_bytes == nv[0]["total"]
     p = compute_plan(parse_config(TINY), PlanInputs(**TINY_INPUTS), src.gpus[:1])

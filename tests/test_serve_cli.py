@@ -333,3 +333,68 @@ def test_memory_plan_overflow_refuses(tmp_path: Path) -> None:
     dry = json.loads(sm70(["serve", "--dry-run", "--json"], env).stdout)
     plan = next(c for c in dry["checks"] if c["name"] == "memory plan")
     assert plan["status"] == "pass"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["hangup", "term"])
+def test_secrets_file_is_private_and_removed_on_stop(env: dict[str, str], tmp_path: Path,
+                                                     sig: signal.Signals) -> None:
+    port = int(env["SM70_PORT"])
+    env["SM70_API_KEY"] = "key-do-not-leak"
+    env["FAKE_PRINT_CONFIG"] = "1"  # the server prints the key it read: masked in our log
+    secrets = tmp_path / "locks" / f"serve-{port}.secrets.yaml"
+    proc = start_serve(env, tmp_path, "--allow-cold")
+    try:
+        assert wait_file(tmp_path / "serve.stderr", "ready after"), \
+            (tmp_path / "serve.stderr").read_text()
+        server_pid = int((tmp_path / "starts.txt").read_text().split()[1])
+        assert secrets.stat().st_mode & 0o777 == 0o600
+        assert "key-do-not-leak" in secrets.read_text()
+        proc.send_signal(sig)  # SIGHUP: the terminal or SSH session went away
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not secrets.exists()
+    assert not alive(server_pid) and port_is_free(port)
+    log = (tmp_path / "logs" / f"serve-{port}.log").read_text()
+    assert f"received {sig.name}" in log
+    assert 'fake vllm: args from --config: api-key: "***"' in log
+    for text in (log, (tmp_path / "serve.stderr").read_text()):
+        assert "key-do-not-leak" not in text
+
+
+def test_stop_signal_before_the_start_starts_nothing(env: dict[str, str], tmp_path: Path) -> None:
+    # A signal caught between pre-flight and the supervisor (the secrets file's window)
+    # stops serve cleanly without starting a server.
+    import threading
+
+    from sm70ctl.output import Output
+    from sm70ctl.serve.command import _launch
+    from sm70ctl.serve.launching import server_argv
+    from sm70ctl.settings import load_settings
+
+    settings = load_settings(environ=env, env_file=CPU_ENV)
+    stop = threading.Event()
+    stop.set()
+    code = _launch(settings, Output(True), server_argv(settings), {}, env, [], False, {},
+                   tmp_path / "locks" / "x.lock", stop, ["SIGHUP"])
+    assert code == 0
+    assert starts(tmp_path / "starts.txt") == 0
+    log = (tmp_path / "logs" / f"serve-{env['SM70_PORT']}.log").read_text()
+    assert "received SIGHUP before the start; nothing started" in log
+
+
+@pytest.mark.parametrize("setting", ["SM70_LOCK_DIR", "SM70_LOG_DIR"])
+def test_unwritable_folders_are_one_line_naming_the_setting(env: dict[str, str], tmp_path: Path,
+                                                           setting: str) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    env[setting] = str(blocker)
+    env["SM70_API_KEY"] = "key-do-not-leak"
+    r = sm70(serve_args("--allow-cold"), env)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert f"{setting}={blocker}" in r.stderr and "must be a folder" in r.stderr
+    assert starts(tmp_path / "starts.txt") == 0
+    assert not list(tmp_path.rglob("*.secrets.yaml"))
+    assert port_is_free(int(env["SM70_PORT"]))

@@ -233,3 +233,18 @@ def test_statuses_are_known_words() -> None:
                                    port_state=PortState(port_free)))
         assert all(isinstance(c, Check) and c.status in (PASS, FAIL, WARN, SKIP) for c in checks)
         assert all(c.hint for c in checks if c.status == FAIL)
+
+
+@pytest.mark.parametrize("config", [{"text_config": 5}, {"text_config": "quantization_config"},
+                                    {"text_config": None}, {"model_type": "x"}])
+def test_quant_probe_takes_odd_configs_as_unquantised(config) -> None:
+    from sm70ctl.serve.probes import quant_problems
+
+    assert quant_problems(config) is None
+
+
+def test_quant_probe_finds_nested_config() -> None:
+    from sm70ctl.serve.probes import quant_problems
+
+    problems = quant_problems({"text_config": {"quantization_config": {"bits": 4}}})
+    assert problems and any("bits" in p for p in problems)

@@ -121,3 +121,25 @@ def alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def test_secrets_stay_out_of_reprs_and_server_lines(tmp_path: Path) -> None:
+    spec = ServerSpec(argv=["x"], env={}, base_url="http://127.0.0.1:1", api_key="sk-secret-1")
+    assert "sk-secret-1" not in repr(spec)
+    echoed: list[str] = []
+    log = ServerLog(tmp_path / "s.log", 10_000, 1, echo=echoed.append,
+                    secrets=["sk-secret-1", "", "hf_tok"])
+    log.server_line("args: api_key='sk-secret-1' token hf_tok")
+    log.close()
+    for text in ((tmp_path / "s.log").read_text(), echoed[0], log.tail[0]):
+        assert "sk-secret-1" not in text and "hf_tok" not in text
+        assert "api_key='***' token ***" in text
+
+
+def test_unwritable_log_folder_is_a_clear_error(tmp_path: Path) -> None:
+    from sm70ctl.errors import Sm70Error
+
+    (tmp_path / "f").write_text("")
+    with pytest.raises(Sm70Error, match="cannot write the server log") as err:
+        ServerLog(tmp_path / "f" / "s.log", 1000, 1)
+    assert err.value.hint == f"SM70_LOG_DIR={tmp_path / 'f'} must be a folder this user can write"

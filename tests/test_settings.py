@@ -16,9 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = load_schema()
 
 
-def problems_of(environ: dict[str, str], env_file: Path | None = None) -> list:
+def problems_of(environ: dict[str, str], env_file: Path | None = None,
+                overrides: dict[str, tuple[str, str]] | None = None) -> list:
     with pytest.raises(SettingsError) as info:
-        load_settings(environ, env_file=env_file)
+        load_settings(environ, env_file=env_file, overrides=overrides)
     assert isinstance(info.value, Sm70Error)
     return info.value.problems
 
@@ -256,6 +257,33 @@ def test_env_file_gets_the_same_checks(tmp_path):
     assert by["SM70_PORTT"].allowed == "did you mean SM70_PORT?"
     assert "only SM70_" in by["HF_HOME"].rule
     assert by[f"{env}:4"].rule == "not a KEY=VALUE line"
+
+
+def test_malformed_env_file_lines_never_echo_their_text(tmp_path):
+    # a secret typed without `=` must not come back in the problem (table, JSON, error line)
+    env = tmp_path / ".env"
+    env.write_text("SM70_API_KEY: sk-live-123\nSM70_HF_TOKEN hf_abc456\nhf_bare789\n")
+    with pytest.raises(SettingsError) as info:
+        load_settings({}, env_file=env)
+    by = {p.variable: p for p in info.value.problems}
+    assert by[f"{env}:1"].value == "SM70_API_KEY ***"
+    assert by[f"{env}:2"].value == "SM70_HF_TOKEN ***"
+    assert by[f"{env}:3"].value == "***"  # a bare pasted token
+    assert all(p.rule == "not a KEY=VALUE line" for p in by.values())
+    text = info.value.message + repr([p.to_dict() for p in info.value.problems])
+    assert not any(secret in text for secret in ("sk-live-123", "hf_abc456", "hf_bare789"))
+
+
+def test_overrides_win_and_are_checked(tmp_path):
+    env = tmp_path / ".env"
+    env.write_text("SM70_MAX_NUM_SEQS=8\n")
+    opt = {"SM70_MAX_NUM_SEQS": ("4", "--max-num-seqs")}
+    s = load_settings({"SM70_MAX_NUM_SEQS": "2"}, env_file=env, overrides=opt)
+    assert s.max_num_seqs == 4 and s.source_of("SM70_MAX_NUM_SEQS") == "--max-num-seqs"
+    (p,) = problems_of({}, overrides={"SM70_MAX_NUM_SEQS": ("0", "--max-num-seqs")})
+    assert (p.variable, p.value, p.source) == ("SM70_MAX_NUM_SEQS", "0", "--max-num-seqs")
+    with pytest.raises(ValueError):
+        load_settings({}, overrides={"SM70_NOPE": ("1", "--nope")})
 
 
 def test_missing_env_file_is_a_clear_error(tmp_path):

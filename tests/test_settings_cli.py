@@ -113,6 +113,27 @@ def test_docs_writes_and_detects_stale(tmp_path):
     assert run("docs", "--check", "-o", str(target)).returncode == 1
 
 
+def test_docs_output_odd_paths_are_one_line(tmp_path):
+    # a folder, a missing parent under /proc, a non-UTF-8 file: once three tracebacks
+    done = run("docs", "-o", str(tmp_path))
+    assert done.returncode == 2 and "is a directory" in done.stderr
+    done = run("docs", "-o", "/proc/no-such-dir/env.md")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: --output /proc/no-such-dir/env.md: cannot write: ")
+    binary = tmp_path / "env.md"
+    binary.write_bytes(b"\xff\xfe\x00")
+    done = run("docs", "--check", "-o", str(binary))
+    assert done.returncode == 1 and "is stale" in done.stderr and "Traceback" not in done.stderr
+    assert run("docs", "-o", str(binary)).returncode == 0
+    assert binary.read_text(encoding="utf-8") == render()
+
+
+def test_explain_an_empty_name():
+    done = run("explain", "")
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: give a variable name, e.g. SM70_PORT")
+
+
 def test_docs_list_every_variable():
     text = render()
     from sm70ctl.settings import load_schema

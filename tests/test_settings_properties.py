@@ -205,6 +205,8 @@ def test_binary_env_file_is_a_clear_error(tmp_path):
     ("SM70_STARTUP_TIMEOUT", "25h", "out of range"),
     ("SM70_KV_CACHE_BYTES", "9.9 GiBs", "unknown size unit"),
     ("SM70_KV_CACHE_BYTES", "33GiB", "out of range"),
+    # the name says MiB, but a bare number is bytes: the rule says so
+    ("SM70_GPU_BUSY_MIB", "500", "out of range (500 B: a size without a unit is bytes)"),
     ("SM70_GPU_MEMORY_UTILIZATION", "96%", "not a number"),
     ("SM70_GPU_MEMORY_UTILIZATION", "nan", "not a finite number"),
     ("SM70_RESTART", "maybe", "not a boolean"),

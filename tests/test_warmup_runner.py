@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from serve_fakes import fake_env, free_port
+from serve_fakes import alive, fake_env, free_port
 
 from sm70ctl.warmup.manifest import DONE, FAILED, NOT_NEEDED, SKIPPED, Step
 from sm70ctl.warmup.runner import Capabilities, is_warm, new_files, plan_steps
@@ -181,3 +181,112 @@ def test_concurrent_warmup_refused(env: dict[str, str], tmp_path: Path) -> None:
         holder.kill()
         holder.wait()
     assert not (tmp_path / "starts.txt").exists()
+
+
+def test_damaged_manifest_is_cold_and_rebuilt(env: dict[str, str], tmp_path: Path) -> None:
+    r = sm70(warm_args("--json"), env)
+    assert r.returncode == 0, r.stderr
+    path = tmp_path / "cache" / json.loads(r.stdout)["fingerprint"] / "manifest.json"
+    good = json.loads(path.read_text())
+    for text in ("[]", '"warm"', json.dumps({**good, "warm": "false"}),
+                 json.dumps({**good, "steps": "done"}), "{cut sho"):
+        path.write_text(text)
+        chk = sm70(warm_args("--check", "--json"), env)
+        assert chk.returncode == 1, text
+        assert "Traceback" not in chk.stderr
+        verdict = json.loads(chk.stdout)
+        assert verdict["warm"] is False and "unreadable" in verdict["reason"], text
+    # a manifest copied from another entry does not vouch for this one
+    path.write_text(json.dumps({**good, "fingerprint": "0" * 16}))
+    chk = sm70(warm_args("--check"), env)
+    assert chk.returncode == 1 and "names another fingerprint" in chk.stdout
+    # and a plain `warmup` (no --force) rebuilds the entry
+    again = sm70(warm_args("--json"), env)
+    assert again.returncode == 0, again.stderr
+    rebuilt = json.loads(path.read_text())
+    assert rebuilt["warm"] is True and rebuilt["fingerprint"] == good["fingerprint"]
+    assert sm70(warm_args("--check"), env).returncode == 0
+
+
+def test_hangup_during_warmup_leaves_nothing_half_built(env: dict[str, str],
+                                                        tmp_path: Path) -> None:
+    # A closed terminal (SIGHUP) is an interruption like Ctrl-C, not a sudden death.
+    env["FAKE_STARTUP_DELAY"] = "60"
+    proc = subprocess.Popen([sys.executable, "-m", "sm70ctl", *warm_args()], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 30
+        while not (tmp_path / "starts.txt").exists() and time.monotonic() < end:
+            time.sleep(0.1)
+        server_pid = int((tmp_path / "starts.txt").read_text().split()[1])
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [".warmup.lock"]
+    end = time.monotonic() + 10
+    while time.monotonic() < end and alive(server_pid):
+        time.sleep(0.1)
+    assert not alive(server_pid)
+
+
+
+def test_kernel_build_child_gets_no_secrets(tmp_path: Path) -> None:
+    from sm70ctl.settings import load_settings
+    from sm70ctl.warmup.runner import RunContext, _run_kernels
+
+    dump = tmp_path / "env.json"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\nimport json, os\n"
+                    f"open({str(dump)!r}, 'w').write(json.dumps(dict(os.environ)))\n")
+    fake.chmod(0o755)
+    environ = {"PATH": "/usr/bin:/bin", "SM70_HF_TOKEN": "hf_do_not_leak",
+               "SM70_API_KEY": "key-do-not-leak", "SM70_SERVE_PYTHON": str(fake),
+               "SM70_CACHE_DIR": str(tmp_path / "cache")}
+    settings = load_settings(environ=environ)
+    step = _run_kernels(RunContext(settings=settings, device="cuda", environ=environ),
+                        tmp_path / "entry")
+    assert step.status == DONE, step.detail
+    seen = json.loads(dump.read_text())
+    assert seen["SM70_KERNELS_BUILD_DIR"] == str(tmp_path / "entry" / "kernels")
+    assert "hf_do_not_leak" not in dump.read_text() and "key-do-not-leak" not in dump.read_text()
+    assert not [k for k in seen if k.startswith("SM70_") and k != "SM70_KERNELS_BUILD_DIR"]
+
+
+def test_cache_dir_that_is_a_file_is_one_line(env: dict[str, str], tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    env["SM70_CACHE_DIR"] = str(blocker)
+    r = sm70(warm_args(), env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"SM70_CACHE_DIR={blocker}" in r.stderr
+
+
+def test_force_warmup_refuses_an_entry_a_server_runs_on(env: dict[str, str],
+                                                        tmp_path: Path) -> None:
+    assert sm70(warm_args(), env).returncode == 0
+    (entry,) = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
+    err = open(tmp_path / "serve.stderr", "w")  # noqa: SIM115 - closed below
+    serve = subprocess.Popen([sys.executable, "-m", "sm70ctl", "serve", "--device", "cpu",
+                              "--env-file", str(CPU_ENV)], env=env, stdout=subprocess.PIPE,
+                             stderr=err, text=True)
+    try:
+        end = time.monotonic() + 30
+        while "ready after" not in (tmp_path / "serve.stderr").read_text():
+            assert serve.poll() is None and time.monotonic() < end, \
+                (tmp_path / "serve.stderr").read_text()
+            time.sleep(0.2)
+        r = sm70(warm_args("--force"), env)
+        assert r.returncode == 1 and "Traceback" not in r.stderr
+        assert f"in use by sm70ctl serve (pid {serve.pid} on port {env['SM70_PORT']})" \
+            in r.stderr
+        assert (entry / "manifest.json").is_file()  # the live entry is untouched
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(timeout=30) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        err.close()
+    assert sm70(warm_args("--force"), env).returncode == 0  # nothing serves from it now

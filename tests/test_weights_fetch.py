@@ -370,3 +370,45 @@ def test_unsafe_paths_from_the_hub_are_refused(tmp_path, files, bad):
     with server, pytest.raises(Sm70Error, match="unsafe path"):
         fetch_pin(_pin(), _cfg(tmp_path, server))
     assert not (tmp_path / "models" / "escape.json").exists()
+
+
+def test_fetch_rebuilds_a_damaged_manifest(tmp_path, hub, files):
+    # verify's hint for an unreadable manifest is "run fetch again": fetch must then work,
+    # re-hashing what is on disk against the hub instead of trusting it.
+    fetch_pin(_pin(), _cfg(tmp_path, hub))
+    folder = tmp_path / "models" / "tiny"
+    (folder / ".sm70" / "manifest.json").write_text('{"files": []}')
+    with open(folder / SMALL, "r+b") as f:  # damaged, same size: must be fetched again
+        f.seek(3)
+        f.write(b"\xff")
+    notes: list[str] = []
+    result = fetch_pin(_pin(), _cfg(tmp_path, hub), report=notes.append)
+    assert any("is unreadable" in n and "rebuilding" in n for n in notes)
+    assert result.downloaded == [SMALL]
+    assert (folder / SMALL).read_bytes() == files[SMALL]
+    manifest = read_manifest(folder)
+    assert manifest is not None and manifest.complete
+
+
+def test_hub_mismatch_refuses_what_it_cannot_check():
+    from sm70ctl.weights.fetch import RemoteFile, hub_mismatch
+
+    data = b"tokenizer bytes"
+    sha = hashlib.sha256(data).hexdigest()
+    oid = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    assert hub_mismatch(RemoteFile("a", len(data), lfs_sha256=sha.upper()), sha, None) is None
+    assert "LFS sha256" in hub_mismatch(RemoteFile("a", 1, lfs_sha256="0" * 64), sha, None)
+    assert hub_mismatch(RemoteFile("a", len(data), git_oid=oid), sha, oid) is None
+    assert "git blob id" in hub_mismatch(RemoteFile("a", 1, git_oid="1" * 40), sha, oid)
+    assert "not measured" in hub_mismatch(RemoteFile("a", 1, git_oid=oid), sha, None)
+    # a listing without any hash (a broken mirror) cannot vouch for the bytes
+    assert "neither" in hub_mismatch(RemoteFile("a", len(data)), sha, None)
+
+
+def test_unusable_weights_dir_fails_before_any_request(tmp_path, hub):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    cfg = FetchConfig(weights_dir=blocker / "models", endpoint=hub.url, progress=False)
+    with pytest.raises(Sm70Error, match=r"SM70_WEIGHTS_DIR=.*a-file/models.*not a folder"):
+        fetch_pin(_pin(), cfg)
+    assert hub.requests == []

@@ -166,3 +166,57 @@ def test_manifest_writes_leave_no_temporary_files(fetched):
     verify_folder(fetched)  # rewrites the manifest (new stat)
     assert sorted(p.name for p in (fetched / ".sm70").iterdir()) == [
         "fetch.lock", "manifest.json", "partial"]
+
+
+@pytest.mark.parametrize("text", [
+    "[]",
+    '{"name": "a", "repo_id": "r", "revision": "x", "files": []}',
+    '{"name": "a", "repo_id": "r", "revision": "x", "files": {"a": "junk"}}',
+    '{"name": "a", "repo_id": "r", "revision": "x", "files": {"a": {"size": 1, "stat": 5}}}',
+    '{"name": "a", "repo_id": "r", "revision": "x", "files": {"a": {"size": 1, "sha256": 7}}}',
+    '{"name": "a", "repo_id": "r", "revision": "x", "files": {}, "include": "*.json"}',
+], ids=["list", "files-list", "entry-str", "stat-int", "sha-int", "include-str"])
+def test_tampered_manifest_is_one_line_not_a_traceback(fetched, tmp_path, text):
+    (fetched / ".sm70" / "manifest.json").write_text(text)
+    res = _cli(tmp_path, "--json")
+    assert res.returncode == 1
+    assert "Traceback" not in res.stderr
+    assert "manifest" in res.stderr and "is unreadable" in res.stderr
+
+
+@pytest.mark.parametrize("bad", ["../outside.bin", "/etc/hostname", ".sm70/manifest.json", "."])
+def test_manifest_paths_outside_the_folder_are_refused(fetched, tmp_path, bad):
+    (tmp_path / "models" / "outside.bin").write_bytes(b"x")
+    path = fetched / ".sm70" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["files"][bad] = {"size": 1}
+    path.write_text(json.dumps(data))
+    res = _cli(tmp_path)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "unsafe file path" in res.stderr and repr(bad) in res.stderr
+
+
+def test_a_record_that_disagrees_with_the_hub_does_not_vouch(fetched):
+    # A file changed and its recorded sha256 (and stat) edited to match: the hub's LFS
+    # sha256 still in the manifest must win.
+    _flip_byte(fetched / BIG)
+    path = fetched / ".sm70" / "manifest.json"
+    data = json.loads(path.read_text())
+    entry = data["files"][BIG]
+    assert entry["lfs_sha256"]
+    st = (fetched / BIG).stat()
+    entry["sha256"] = hashlib.sha256((fetched / BIG).read_bytes()).hexdigest()
+    entry["stat"] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+    path.write_text(json.dumps(data))
+    for full in (False, True):
+        report = verify_folder(fetched, full=full)
+        assert [(i.kind, i.path) for i in report.issues] == [("corrupted", BIG)]
+
+
+def test_verify_dir_with_an_odd_config_is_not_a_traceback(fetched, tmp_path):
+    (fetched / "config.json").write_text('{"text_config": 5}')
+    res = subprocess.run([sys.executable, "-m", "sm70ctl", "weights", "verify", "--dir",
+                          str(fetched), "--json"], text=True, capture_output=True, timeout=60)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    data = json.loads(res.stdout)[0]
+    assert ("corrupted", "config.json") in {(i["kind"], i["path"]) for i in data["issues"]}

@@ -22,7 +22,7 @@ from pathlib import Path
 from sm70ctl.build.lock import Archive, GitSource, Lock, Wheel
 from sm70ctl.build.sources import FetchError, copy_verified, download, git_env
 from sm70ctl.errors import Sm70Error
-from sm70ctl.fsutil import atomic_write_text, sha256_file
+from sm70ctl.fsutil import atomic_write_text, rmtree_quiet, sha256_file
 
 
 class MirrorError(Sm70Error):
@@ -166,7 +166,16 @@ def fetch_file(loc: tuple[str, str], dest: Path, sha256: str, what: str, progres
 def create_mirror(lock: Lock, mirror: Path, log=lambda m: None, progress=lambda f, n: None
                   ) -> list[Item]:
     """Fill `mirror` from upstream (connected machine). Idempotent: present, verified items
-    are kept; git repositories are refreshed with a fetch."""
+    are kept; git repositories are refreshed with a fetch. One at a time per folder: two
+    would clone into the same temporary repository."""
+    from sm70ctl.serve.lock import FileLock
+
+    with FileLock(mirror / ".mirror.lock", "sm70ctl mirror create",
+                  alternative="mirror folder"):
+        return _create_mirror(lock, mirror, log, progress)
+
+
+def _create_mirror(lock: Lock, mirror: Path, log, progress) -> list[Item]:
     env = git_env(False)
     (mirror / "git").mkdir(parents=True, exist_ok=True)
     for g in lock.git:
@@ -178,7 +187,7 @@ def create_mirror(lock: Lock, mirror: Path, log=lambda m: None, progress=lambda 
         else:
             log(f"git clone --mirror {g.url}")
             tmp = repo.with_name(f".{repo.name}.tmp")
-            subprocess.run(["rm", "-rf", str(tmp)], check=False)
+            rmtree_quiet(tmp)
             res = subprocess.run(["git", "clone", "--quiet", "--mirror", g.url, str(tmp)],
                                  capture_output=True, text=True, env=env, check=False)
             if res.returncode == 0:

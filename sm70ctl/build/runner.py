@@ -103,7 +103,21 @@ class _Log:
         self.f.close()
 
 
+def build_lock_path(cfg: BuildConfig) -> Path:
+    return cfg.build_dir / ".build.lock"
+
+
 def run_build(lock: Lock, cfg: BuildConfig, out: Any) -> dict[str, Any]:
+    """One build at a time per SM70_BUILD_DIR: a second one would take the first one's
+    work in progress for an interrupted run's leftovers and delete it."""
+    from sm70ctl.serve.lock import FileLock
+
+    with FileLock(build_lock_path(cfg), "sm70ctl build", alternative="SM70_BUILD_DIR",
+                  folder_setting="SM70_BUILD_DIR"):
+        return _run_build(lock, cfg, out)
+
+
+def _run_build(lock: Lock, cfg: BuildConfig, out: Any) -> dict[str, Any]:
     t0 = time.monotonic()
     if cfg.offline:
         if cfg.mirror_dir is None:

@@ -92,11 +92,12 @@ def git_checkout(
     return head
 
 
-def verify_file(path: Path, sha256: str, what: str) -> None:
+def verify_file(path: Path, sha256: str, what: str, name: str | None = None) -> None:
+    """`name`: the file's name in messages (a temporary copy is hashed under another)."""
     got = sha256_file(path)
     if got != sha256:
         raise FetchError(
-            f"{what}: sha256 mismatch for {path.name}: expected {sha256}, got {got}",
+            f"{what}: sha256 mismatch for {name or path.name}: expected {sha256}, got {got}",
             hint="the file is corrupted or not the pinned release; delete it and fetch again",
         )
 
@@ -127,7 +128,7 @@ def download(
                     seen += len(block)
                     progress(seen / total if total else None, f"{dest.name} {seen >> 20} MiB")
         if sha256:
-            verify_file(tmp, sha256, what)
+            verify_file(tmp, sha256, what, dest.name)
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
@@ -135,13 +136,24 @@ def download(
 
 
 def copy_verified(src: Path, dest: Path, sha256: str, what: str) -> Path:
-    """Copy a local (mirror) file into place, verified, atomically."""
-    if sha256:
-        verify_file(src, sha256, what)
+    """Copy a local (mirror) file into place, verified, atomically.
+
+    The copy is what gets hashed, not the source: a mirror file replaced or damaged
+    between a check and the copy must not slip through."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.part")
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        try:
+            shutil.copyfile(src, tmp)
+        except OSError as exc:
+            raise FetchError(f"{what}: cannot read {src}: {exc.strerror or exc}") from None
+        if sha256:
+            verify_file(tmp, sha256, what, src.name)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
     return dest
 
 

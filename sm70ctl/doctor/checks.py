@@ -375,7 +375,8 @@ def serve_python(config: DoctorConfig, data: ProbeData) -> Verdict:
         return not_probed("serving Python")
     fix = "run `sm70ctl build` (it creates the serving environment) or set SM70_SERVE_PYTHON"
     if not py.exists:
-        return FAIL, f"SM70_SERVE_PYTHON={py.configured}: not found", fix
+        # records from before `missing` existed say only that it was not usable
+        return FAIL, f"SM70_SERVE_PYTHON={py.configured}: {py.missing or 'not found'}", fix
     run = py.run
     if run is None or py.python_version is None:
         why = "no result"
@@ -799,7 +800,7 @@ def select(ids: Iterable[str] | None) -> list[Check]:
     wanted = list(ids)
     unknown = [i for i in wanted if i not in CHECK_IDS and i not in GROUPS]
     if unknown:
-        raise ValueError(", ".join(unknown))
+        raise ValueError(", ".join(i if i.strip() else repr(i) for i in unknown))
     return [c for c in REGISTRY if c.id in wanted or c.id.split(".")[0] in wanted]
 
 

@@ -88,6 +88,7 @@ class PythonProbe:
     configured: str = ""
     path: str | None = None
     exists: bool = False
+    missing: str | None = None  # why it cannot run: no such file, a directory, not executable
     run: CommandRun | None = None
     python_version: str | None = None
     torch_installed: bool | None = None
@@ -416,6 +417,21 @@ print("SM70CTL-PROBE " + json.dumps(out))
 """
 
 
+def _not_runnable(path: str | None) -> str | None:
+    """Why `path` cannot be run as a program, or None when it can."""
+    if path is None:
+        return "not found on PATH"
+    if not os.path.exists(path):
+        return "no such file"
+    if os.path.isdir(path):
+        return "a directory, not an interpreter"
+    if not os.path.isfile(path):
+        return "not a regular file"
+    if not os.access(path, os.X_OK):
+        return "not executable"
+    return None
+
+
 def probe_python(config: DoctorConfig, environ: Mapping[str, str]) -> PythonProbe:
     configured = config.serve_python
     probe = PythonProbe(configured=configured)
@@ -426,7 +442,8 @@ def probe_python(config: DoctorConfig, environ: Mapping[str, str]) -> PythonProb
         else shutil.which(expanded, path=environ.get("PATH", os.defpath))
     )
     probe.path = path
-    probe.exists = bool(path) and os.path.isfile(path) and os.access(path, os.X_OK)
+    probe.missing = _not_runnable(path)
+    probe.exists = probe.missing is None
     if not probe.exists or path is None:
         return probe
     probe.run = run_command([path, "-c", PYTHON_PROBE_SCRIPT], PYTHON_TIMEOUT, env=environ)

@@ -95,20 +95,36 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
         env_file: EnvFileOpt = None,
     ) -> None:
-        from sm70ctl.errors import Sm70Error
+        from sm70ctl.errors import EXIT_USAGE, Sm70Error, UsageError
         from sm70ctl.output import Output
         from sm70ctl.plan.gpus import probe_nvml, resolve_gpus
         from sm70ctl.plan.plan import PlanInputs, compute_plan, what_fits
         from sm70ctl.plan.report import plan_to_dict
-        from sm70ctl.settings import load_settings
+        from sm70ctl.settings import SettingsError, load_settings
 
         out = Output(json_out)
-        settings = load_settings(env_file=env_file)
-        inputs = PlanInputs.from_settings(settings, max_model_len=max_model_len,
-                                          max_num_seqs=max_num_seqs)
+        # the overrides get the variables' own checks (range, cross-field rules)
+        overrides = {name: (str(value), option) for name, value, option in (
+            ("SM70_MAX_MODEL_LEN", max_model_len, "--max-model-len"),
+            ("SM70_MAX_NUM_SEQS", max_num_seqs, "--max-num-seqs")) if value is not None}
+        try:
+            settings = load_settings(env_file=env_file, overrides=overrides)
+        except SettingsError as exc:
+            if any(p.source in ("--max-model-len", "--max-num-seqs") for p in exc.problems):
+                exc.exit_code = EXIT_USAGE  # a bad option is a usage error
+            raise
+        inputs = PlanInputs.from_settings(settings)
+        if context is not None and context > inputs.max_model_len:
+            raise UsageError(
+                f"--context {context:,} is longer than SM70_MAX_MODEL_LEN="
+                f"{inputs.max_model_len:,}: no request can be that long",
+                hint="give --context at or below the max model length, or raise "
+                     "--max-model-len",
+            )
         model, model_source = _model(config, model_dir, settings)
         needed = inputs.tensor_parallel_size * inputs.pipeline_parallel_size
-        src = resolve_gpus(gpus, needed, None if gpus else probe_nvml())
+        src = resolve_gpus(gpus, needed, None if gpus is not None else probe_nvml(),
+                           [str(g) for g in settings.gpus])
         result = compute_plan(model, inputs, src.gpus[:needed], context)
         data = plan_to_dict(result, {"model_source": model_source, "gpus_source": src.source,
                                      "gpus_note": src.note, "settings_source": "SM70_* settings"})
@@ -122,21 +138,34 @@ def register(app: typer.Typer) -> None:
                     else Path(model.source).parent.name or model.architecture)
             title = (f"Memory plan per GPU: {name}, TP={inputs.tensor_parallel_size} "
                      f"PP={inputs.pipeline_parallel_size}, {len(result.gpus)} GPU(s)")
-            atomic_write_text(svg, render_svg(result, title))
+            try:
+                atomic_write_text(svg, render_svg(result, title))
+            except OSError as exc:
+                raise Sm70Error(f"--svg {svg}: cannot write: {exc.strerror or exc}",
+                                hint="give a writable file path") from exc
         out.emit(data, lambda console: _render(console, data))
         if svg is not None:
             out.info(f"wrote {svg}")
         if result.overflow is not None:
-            best = max(steps, key=lambda st: st["longest_sequence"])
-            first = next((st for st in steps if st["holds_max_model_len"]), None)
-            pick = first or best
-            env = " ".join(f"{k}={v}" for k, v in pick["settings"].items())
-            raise Sm70Error(
-                result.overflow.message,
-                hint=(f"what fits on these GPUs: with {env} the longest single sequence is "
-                      f"{pick['longest_sequence']:,} tokens (set SM70_MAX_MODEL_LEN at or "
-                      "below it); the table lists each step"),
-            )
+            raise Sm70Error(result.overflow.message, hint=_overflow_hint(steps))
+
+
+def _overflow_hint(steps: list[dict[str, Any]]) -> str:
+    """The fix line of a plan that does not fit: the first relaxation that holds
+    SM70_MAX_MODEL_LEN, else the one with the longest sequence, else: nothing fits."""
+    best = max(steps, key=lambda st: st["longest_sequence"])
+    first = next((st for st in steps if st["holds_max_model_len"]), None)
+    pick = first or best
+    if pick["longest_sequence"] <= 0:
+        env = " ".join(f"{k}={v}" for k, v in steps[-1]["settings"].items())
+        return (f"nothing fits on these GPUs: even with {env} the weights and workspaces "
+                "leave no room for one sequence's KV and state; use larger GPUs (--gpus) "
+                "or more of them (SM70_TENSOR_PARALLEL_SIZE / SM70_PIPELINE_PARALLEL_SIZE)")
+    env = " ".join(f"{k}={v}" for k, v in pick["settings"].items())
+    then = ("SM70_MAX_MODEL_LEN fits" if first is not None
+            else "set SM70_MAX_MODEL_LEN at or below it")
+    return (f"what fits on these GPUs: with {env} the longest single sequence is "
+            f"{pick['longest_sequence']:,} tokens ({then}); the table lists each step")
 
 
 def _render(console: Any, data: dict[str, Any]) -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sm70ctl.errors import UsageError
+from sm70ctl.errors import Sm70Error, UsageError
 from sm70ctl.plan.plan import Gpu
 
 # What NVML reports as total memory for a Tesla V100-SXM2-32GB (32,510.5 MiB): the
@@ -25,6 +26,7 @@ _UNITS = {
     "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
 }
+_MAX_BYTES = 1 << 50
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _COUNT = re.compile(r"^\s*(\d+)\s*[xX*]\s*(.+)$")
 
@@ -46,7 +48,11 @@ def parse_size(text: str) -> int:
             f"--gpus: {text!r} is not a memory size",
             hint="write sizes like 32GiB, 16GB, 34089730048, or v100 (NVML's V100-32GB total)",
         )
-    value = math.floor(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    number = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    # a digit string too long for a float becomes inf; no GPU has more than 1 PiB
+    if not math.isfinite(number) or number > _MAX_BYTES:
+        raise UsageError(f"--gpus: {text!r} is more than 1 PiB per GPU")
+    value = math.floor(number)
     if value <= 0:
         raise UsageError(f"--gpus: {text!r} must be more than 0 bytes")
     return value
@@ -58,7 +64,7 @@ def parse_gpus(spec: str) -> list[Gpu]:
     for part in spec.split(","):
         m = _COUNT.match(part)
         count, size = (int(m.group(1)), m.group(2)) if m else (1, part)
-        if count < 1 or count > 64:
+        if not 1 <= count <= 64:
             raise UsageError(f"--gpus: {part!r}: count must be 1..64")
         sizes += [parse_size(size)] * count
     return [Gpu(i, f"GPU {i} ({s:,} B)", s) for i, s in enumerate(sizes)]
@@ -81,7 +87,9 @@ def probe_nvml() -> list[dict[str, int | str]] | None:
             name = pynvml.nvmlDeviceGetName(handle)
             if isinstance(name, bytes):
                 name = name.decode()
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
             out.append({"index": i, "name": name,
+                        "uuid": uuid.decode() if isinstance(uuid, bytes) else str(uuid),
                         "total": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)})
         return out or None
     except pynvml.NVMLError:
@@ -96,13 +104,31 @@ def reference_gpus(n: int) -> list[Gpu]:
 
 
 def resolve_gpus(spec: str | None, needed: int,
-                 nvml: list[dict[str, int | str]] | None) -> GpuSource:
-    """Pick the GPUs (pure given the probe's result): --gpus, else NVML, else reference."""
-    if spec:
+                 nvml: list[dict[str, int | str]] | None,
+                 selected: Sequence[str] = ()) -> GpuSource:
+    """Pick the GPUs (pure given the probe's result): --gpus, else NVML, else reference.
+
+    With NVML, `selected` (SM70_GPUS: indices or GPU-UUIDs) picks the cards serve would
+    use, in that order; without it the first ones are taken."""
+    if spec is not None:
         return GpuSource(parse_gpus(spec), "--gpus", f"as given: --gpus {spec}")
     if nvml:
-        gpus = [Gpu(int(d["index"]), str(d["name"]), int(d["total"])) for d in nvml]
-        return GpuSource(gpus, "nvml", f"{len(gpus)} GPU(s) read through NVML")
+        devices = nvml
+        if selected:
+            devices = []
+            for sel in selected:
+                found = next((d for d in nvml if sel in (str(d["index"]), d.get("uuid"))), None)
+                if found is None:
+                    raise Sm70Error(
+                        f"SM70_GPUS={','.join(selected)}: NVML has no GPU {sel!r} "
+                        f"(indices 0..{len(nvml) - 1})",
+                        hint="set SM70_GPUS to indices or UUIDs from `nvidia-smi -L`, or "
+                             "plan other cards with --gpus",
+                    )
+                devices.append(found)
+        gpus = [Gpu(int(d["index"]), str(d["name"]), int(d["total"])) for d in devices]
+        which = f" (SM70_GPUS={','.join(selected)})" if selected else ""
+        return GpuSource(gpus, "nvml", f"{len(gpus)} GPU(s) read through NVML{which}")
     return GpuSource(
         reference_gpus(needed), "reference",
         f"no NVML and no --gpus: the reference {needed} x Tesla V100-SXM2-32GB "

@@ -123,29 +123,39 @@ class ModelShape:
         return self.linear_num_value_heads * self.linear_value_head_dim
 
 
-def _need(cfg: dict[str, Any], key: str, where: str, kind: type = int) -> Any:
-    if key not in cfg:
-        raise Sm70Error(
-            f"model config: `{where}{key}` is missing",
-            hint="give a Hugging Face config.json of a Qwen3.5/Qwen3.8 (qwen3_5) model",
-        )
-    value = cfg[key]
-    if kind is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-        raise Sm70Error(f"model config: `{where}{key}` = {value!r} is not a non-negative integer")
+_HINT = "give a Hugging Face config.json of a Qwen3.5/Qwen3.8 (qwen3_5) model"
+
+
+def _need(cfg: dict[str, Any], key: str, where: str, default: int | None = None,
+          minimum: int = 0) -> int:
+    """The integer `cfg[key]` (at least `minimum`); `default` when absent or null, or a
+    named error when there is no default."""
+    value = cfg.get(key)
+    if value is None:
+        if default is None:
+            raise Sm70Error(f"model config: `{where}{key}` is missing", hint=_HINT)
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        rule = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise Sm70Error(f"model config: `{where}{key}` = {value!r} is not {rule}", hint=_HINT)
     return value
 
 
-def _layer_types(text: dict[str, Any], where: str) -> tuple[str, ...]:
-    n = _need(text, "num_hidden_layers", where)
+def _layer_types(text: dict[str, Any], where: str, model_type: Any) -> tuple[str, ...]:
+    n = _need(text, "num_hidden_layers", where, minimum=1)
     types = text.get("layer_types")
     if types is None:
         interval = text.get("full_attention_interval")
-        if not isinstance(interval, int) or interval <= 0:
+        if not isinstance(interval, int) or isinstance(interval, bool) or interval <= 0:
             raise Sm70Error(
                 f"model config: `{where}layer_types` and `{where}full_attention_interval` "
-                "are both missing"
+                f"are both missing (model_type {model_type!r})",
+                hint=f"{_HINT}: a hybrid of linear_attention and full_attention layers",
             )
         types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n)]
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise Sm70Error(f"model config: `{where}layer_types` = {types!r} is not a list of names",
+                        hint=f"allowed names: {FULL!r}, {LINEAR!r}")
     types = tuple(types)
     if len(types) != n:
         raise Sm70Error(
@@ -164,7 +174,7 @@ def _layer_types(text: dict[str, Any], where: str) -> tuple[str, ...]:
 def _scheme(q: dict[str, Any], base: Scheme | None, where: str) -> Scheme:
     bits = q.get("bits", base.bits if base else None)
     group = q.get("group_size", base.group_size if base else None)
-    if bits not in (2, 3, 4, 8):
+    if isinstance(bits, bool) or bits not in (2, 3, 4, 8) or not isinstance(bits, int):
         raise Sm70Error(f"quantization config: `{where}bits` = {bits!r}; allowed 2, 3, 4, 8")
     if not isinstance(group, int) or isinstance(group, bool) or (group <= 0 and group != -1):
         raise Sm70Error(
@@ -183,6 +193,8 @@ def parse_quant(q: dict[str, Any] | None) -> QuantConfig | None:
     """The GPTQ config, or None for a 16-bit checkpoint."""
     if not q:
         return None
+    if not isinstance(q, dict):
+        raise Sm70Error(f"model config: `quantization_config` = {q!r} is not a JSON object")
     method = str(q.get("quant_method", "gptq")).lower()
     if method != "gptq":
         raise Sm70Error(
@@ -194,7 +206,14 @@ def parse_quant(q: dict[str, Any] | None) -> QuantConfig | None:
     if not isinstance(skip, list) or not all(isinstance(s, str) for s in skip):
         raise Sm70Error("quantization config: `modules_to_not_convert` must be a list of names")
     dynamic: list[tuple[str, Scheme | None]] = []
-    for key, override in (q.get("dynamic") or {}).items():
+    dyn = q.get("dynamic") or {}
+    if not isinstance(dyn, dict):
+        raise Sm70Error("quantization config: `dynamic` must be a JSON object of "
+                        "regex -> overrides")
+    for key, override in dyn.items():
+        if override is not None and not isinstance(override, dict):
+            raise Sm70Error(f"quantization config: dynamic[{key!r}] = {override!r} is not a "
+                            "JSON object")
         if key.startswith("-:"):
             dynamic.append((key[2:], None))
         else:
@@ -211,22 +230,29 @@ def parse_quant(q: dict[str, Any] | None) -> QuantConfig | None:
     )
 
 
-def parse_vision(v: dict[str, Any] | None) -> VisionShape | None:
+def parse_vision(v: Any) -> VisionShape | None:
     if not v:
         return None
+    if not isinstance(v, dict):
+        raise Sm70Error(f"model config: `vision_config` = {v!r} is not a JSON object")
     w = "vision_config."
+    deepstack = v.get("deepstack_visual_indexes") or []
+    if not isinstance(deepstack, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in deepstack):
+        raise Sm70Error(f"model config: `{w}deepstack_visual_indexes` = {deepstack!r} is not "
+                        "a list of integers")
     return VisionShape(
         depth=_need(v, "depth", w),
-        hidden_size=_need(v, "hidden_size", w),
-        intermediate_size=_need(v, "intermediate_size", w),
-        num_heads=_need(v, "num_heads", w),
-        in_channels=v.get("in_channels", 3),
-        patch_size=_need(v, "patch_size", w),
-        temporal_patch_size=v.get("temporal_patch_size", 2),
-        spatial_merge_size=v.get("spatial_merge_size", 2),
-        out_hidden_size=_need(v, "out_hidden_size", w),
-        num_position_embeddings=v.get("num_position_embeddings", 0),
-        deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes") or ()),
+        hidden_size=_need(v, "hidden_size", w, minimum=1),
+        intermediate_size=_need(v, "intermediate_size", w, minimum=1),
+        num_heads=_need(v, "num_heads", w, minimum=1),
+        in_channels=_need(v, "in_channels", w, 3, minimum=1),
+        patch_size=_need(v, "patch_size", w, minimum=1),
+        temporal_patch_size=_need(v, "temporal_patch_size", w, 2, minimum=1),
+        spatial_merge_size=_need(v, "spatial_merge_size", w, 2, minimum=1),
+        out_hidden_size=_need(v, "out_hidden_size", w, minimum=1),
+        num_position_embeddings=_need(v, "num_position_embeddings", w, 0),
+        deepstack_visual_indexes=tuple(deepstack),
     )
 
 
@@ -234,33 +260,45 @@ def parse_config(cfg: dict[str, Any], source: str = "<dict>") -> ModelShape:
     """A `ModelShape` from a parsed config.json; Sm70Error naming the field when unusable."""
     if not isinstance(cfg, dict):
         raise Sm70Error(f"model config {source}: not a JSON object")
-    nested = isinstance(cfg.get("text_config"), dict)
-    text = cfg["text_config"] if nested else cfg
+    text_cfg = cfg.get("text_config")
+    if text_cfg is not None and not isinstance(text_cfg, dict):
+        raise Sm70Error(f"model config {source}: `text_config` is not a JSON object")
+    nested = text_cfg is not None
+    text = text_cfg if nested else cfg
     where = "text_config." if nested else ""
-    types = _layer_types(text, where)
-    heads = _need(text, "num_attention_heads", where)
-    hidden = _need(text, "hidden_size", where)
+    model_type = text.get("model_type", cfg.get("model_type"))
+    types = _layer_types(text, where, model_type)
+    heads = _need(text, "num_attention_heads", where, minimum=1)
+    hidden = _need(text, "hidden_size", where, minimum=1)
+    head_dim = _need(text, "head_dim", where, 0) or hidden // heads
+    if head_dim < 1:
+        raise Sm70Error(f"model config: `{where}head_dim` is missing and hidden_size {hidden} "
+                        f"/ num_attention_heads {heads} is 0")
     tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    if not isinstance(tie, bool):
+        raise Sm70Error(f"model config: `tie_word_embeddings` = {tie!r} is not true or false")
     quant = parse_quant(cfg.get("quantization_config") or text.get("quantization_config"))
+    archs = cfg.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else "?"
     shape = ModelShape(
         source=source,
-        architecture=(cfg.get("architectures") or ["?"])[0],
+        architecture=arch,
         hidden_size=hidden,
-        intermediate_size=_need(text, "intermediate_size", where),
+        intermediate_size=_need(text, "intermediate_size", where, minimum=1),
         layer_types=types,
         num_attention_heads=heads,
-        num_key_value_heads=text.get("num_key_value_heads", heads),
-        head_dim=text.get("head_dim") or hidden // heads,
+        num_key_value_heads=_need(text, "num_key_value_heads", where, heads, minimum=1),
+        head_dim=head_dim,
         attn_output_gate=bool(text.get("attn_output_gate", True)),
-        linear_num_key_heads=text.get("linear_num_key_heads", 0),
-        linear_num_value_heads=text.get("linear_num_value_heads", 0),
-        linear_key_head_dim=text.get("linear_key_head_dim", 0),
-        linear_value_head_dim=text.get("linear_value_head_dim", 0),
-        linear_conv_kernel_dim=text.get("linear_conv_kernel_dim", 4),
-        vocab_size=_need(text, "vocab_size", where),
-        tie_word_embeddings=bool(tie),
-        mtp_num_hidden_layers=text.get("mtp_num_hidden_layers", 0) or 0,
-        max_position_embeddings=text.get("max_position_embeddings", 0) or 0,
+        linear_num_key_heads=_need(text, "linear_num_key_heads", where, 0),
+        linear_num_value_heads=_need(text, "linear_num_value_heads", where, 0),
+        linear_key_head_dim=_need(text, "linear_key_head_dim", where, 0),
+        linear_value_head_dim=_need(text, "linear_value_head_dim", where, 0),
+        linear_conv_kernel_dim=_need(text, "linear_conv_kernel_dim", where, 4, minimum=1),
+        vocab_size=_need(text, "vocab_size", where, minimum=1),
+        tie_word_embeddings=tie,
+        mtp_num_hidden_layers=_need(text, "mtp_num_hidden_layers", where, 0),
+        max_position_embeddings=_need(text, "max_position_embeddings", where, 0),
         prefix="model.language_model." if nested else "model.",
         vision=parse_vision(cfg.get("vision_config")),
         quant=quant,
@@ -276,10 +314,24 @@ def parse_config(cfg: dict[str, Any], source: str = "<dict>") -> ModelShape:
     return shape
 
 
+# A config.json is a few KiB; reading stops past this, so pointing --config at a weights
+# file (gigabytes) fails at once instead of loading it all into memory.
+CONFIG_MAX_BYTES = 16 << 20
+
+
 def load_config(path: Path) -> ModelShape:
     """Read and parse a config.json (the file edge)."""
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        with Path(path).open("rb") as f:
+            data = f.read(CONFIG_MAX_BYTES + 1)
+        if len(data) > CONFIG_MAX_BYTES:
+            raise Sm70Error(
+                f"model config {path}: larger than {CONFIG_MAX_BYTES >> 20} MiB, not a "
+                "config.json",
+                hint="give the model folder's config.json (--config) or the folder "
+                     "(--model-dir)",
+            )
+        raw = json.loads(data.decode("utf-8"))
     except FileNotFoundError as exc:
         raise Sm70Error(f"model config {path}: no such file") from exc
     except (OSError, UnicodeDecodeError) as exc:

@@ -61,6 +61,7 @@ class PlanInputs:
     enforce_eager: bool = False
     limit_images: int = 20
     limit_videos: int = 2
+    quantization: str = "gptq"
 
     @property
     def vision(self) -> bool:
@@ -77,7 +78,8 @@ class PlanInputs:
                 values[name] = getattr(settings, name)
         if "cudagraph_sizes" in values:
             values["cudagraph_sizes"] = _int_tuple(values["cudagraph_sizes"])
-        for key in ("kv_cache_dtype", "gdn_state_dtype", "draft_head_dtype", "spec_method"):
+        for key in ("kv_cache_dtype", "gdn_state_dtype", "draft_head_dtype", "spec_method",
+                    "quantization"):
             if key in values:
                 values[key] = str(getattr(values[key], "value", values[key])).lower()
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -217,7 +219,7 @@ def compute_plan(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu],
             raise Sm70Error(f"{var}={tp} does not divide the model's {n} heads/features")
     if pp > model.num_layers:
         raise Sm70Error(f"SM70_PIPELINE_PARALLEL_SIZE={pp} exceeds the {model.num_layers} layers")
-    warnings: list[str] = list(model.warnings)
+    warnings: list[str] = list(model.warnings) + _quantization_warnings(model, inputs)
     spec = inputs.speculative
     # n-gram drafting keeps the conv-state columns for rollback but loads no MTP layer
     mtp = inputs.spec_method == "mtp" and spec > 0 and model.mtp_num_hidden_layers > 0
@@ -271,6 +273,19 @@ def compute_plan(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu],
                                    kv_layer_tok, page.total if page else 0))
     return Plan(model, inputs, plans, context or inputs.max_model_len, warnings,
                 kv_layer_tok, page)
+
+
+def _quantization_warnings(model: ModelShape, inputs: PlanInputs) -> list[str]:
+    """The checkpoint's quantization_config decides the weights; SM70_QUANTIZATION only
+    decides vLLM's --quantization flag, so say when the two disagree."""
+    if inputs.quantization == "gptq" and model.quant is None:
+        return ["SM70_QUANTIZATION=gptq, but the model config has no quantization_config: "
+                "vLLM refuses a 16-bit checkpoint with --quantization gptq (set "
+                "SM70_QUANTIZATION=none); planned as 16-bit"]
+    if inputs.quantization == "none" and model.quant is not None:
+        return ["SM70_QUANTIZATION=none, but the model config has a GPTQ "
+                "quantization_config: vLLM still loads it as GPTQ; planned as GPTQ"]
+    return []
 
 
 def _layout(pool: int, inputs: PlanInputs, attn: int, gdn: int, kv_layer_tok: int,

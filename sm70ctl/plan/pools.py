@@ -103,7 +103,8 @@ class PoolLayout:
     def kv_tokens(self) -> int:
         """Tokens of KV the pool holds (the longest single sequence)."""
         groups = self._attn_groups()
-        return (self.kv_blocks // groups) * self.block_size
+        # no blocks when the state pool takes more than the pool (never negative tokens)
+        return (max(self.kv_blocks, 0) // groups) * self.block_size
 
     @property
     def block_bytes(self) -> int:
@@ -126,7 +127,7 @@ class PoolLayout:
 
     def concurrency(self, context: int, max_num_seqs: int) -> dict[str, int]:
         """How many sequences of `context` tokens run at once, and what limits it."""
-        by_kv = self.kv_blocks // max(1, self.blocks_for(context))
+        by_kv = max(self.kv_blocks, 0) // max(1, self.blocks_for(context))
         by_state = self.slots // max(1, self.slots_per_seq)
         return {
             "context": context,

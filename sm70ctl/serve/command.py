@@ -19,14 +19,17 @@ HELP = (
     "Order: settings, memory plan (refused on overflow), pre-flight (exclusive GPUs, free "
     "port, per-port lock held for the server's life, model folder and its quantisation "
     "config, warm compile cache, GPU UUIDs resolved to PCI-bus indices), then the server "
-    "in its own process group, logging to SM70_LOG_DIR and the console. SIGINT/SIGTERM stop "
-    "it gracefully (SIGKILL after SM70_SHUTDOWN_GRACE).\n\n"
+    "in its own process group, logging to SM70_LOG_DIR and the console. SIGINT/SIGTERM/SIGHUP "
+    "stop it gracefully (SIGKILL after SM70_SHUTDOWN_GRACE).\n\n"
     "Examples:\n\n"
     "    sm70ctl serve --dry-run                      # command and environment, no start\n\n"
     "    sm70ctl serve                                # pre-flight, launch, wait for /health\n\n"
     "    SM70_PORT=8100 sm70ctl serve --restart       # restart with back-off if it dies\n\n"
     "    sm70ctl serve --device cpu --env-file cpu.env --allow-cold   # vLLM's CPU build (tests)"
 )
+
+# Each of these stops the server gracefully (SIGHUP: the terminal or SSH session closed).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 DeviceOpt = Annotated[
     str,
@@ -263,10 +266,27 @@ def run_serve(
             if c.status == "warn":
                 out.warn(f"{c.name}: {c.detail}")
         entry = entry_dir(settings.cache_dir, gathered["fingerprint"])
+        lock.update(cache_entry=str(entry))  # so a warmup never rebuilds it under us
         env = managed_env(settings, device, entry, gathered["gpu_indices"])
-        with secrets_file(settings) as secrets_path:
-            argv = server_argv(settings, secrets_path)
-            return _launch(settings, out, argv, env, environ, secrets, restart, doc, lock.path)
+        # From here on a stop signal only sets `stop`: the secrets file is written next and
+        # must be removed on every way out, including a closed terminal (SIGHUP), so no
+        # signal may end the process between its creation and the supervisor taking over.
+        stop = threading.Event()
+        received: list[str] = []
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            received.append(signal.Signals(signum).name)
+            stop.set()
+
+        old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+        try:
+            with secrets_file(settings) as secrets_path:
+                argv = server_argv(settings, secrets_path)
+                return _launch(settings, out, argv, env, environ, secrets, restart, doc,
+                               lock.path, stop, received)
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
     finally:
         lock.release()
 
@@ -281,6 +301,8 @@ def _launch(
     restart: bool | None,
     doc: dict[str, Any],
     lock_path: Path,
+    stop: threading.Event,
+    received: list[str],
 ) -> int:
     from sm70ctl.launch import redact_argv
     from sm70ctl.serve.environment import child_env, mask_env, shell_line, unmanaged
@@ -290,7 +312,8 @@ def _launch(
     log_path = Path(settings.log_dir).expanduser() / f"serve-{settings.port}.log"
     echo = None if out.json_mode else (lambda line: out.err.print(line, markup=False,
                                                                   highlight=False))
-    log = ServerLog(log_path, settings.log_max_bytes, settings.log_backups, echo=echo)
+    log = ServerLog(log_path, settings.log_max_bytes, settings.log_backups, echo=echo,
+                    secrets=secrets)
     spec = ServerSpec(
         argv=argv,
         env=child_env(environ, managed),
@@ -321,13 +344,7 @@ def _launch(
         out.emit({**doc, "started": True, "command_line": shown, "log": str(log_path),
                   "url": spec.base_url})
 
-    stop = threading.Event()
     progress = _StartupProgress(out, spec.startup_timeout)
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.note(f"received {signal.Signals(signum).name}", echo=False)
-        stop.set()
-
     events = Events(
         starting=lambda attempt, pid: out.info(
             f"starting vLLM (attempt {attempt}, pid {pid}); waiting for /health and /v1/models"
@@ -339,15 +356,18 @@ def _launch(
             f"{why}; restarting in {delay:g}s (consecutive failures: {failures})")),
         stopping=lambda: (progress.done(), out.info("stopping the server")),
     )
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if stop.is_set():  # asked to stop before the server was started
+            log.note(f"received {', '.join(received)} before the start; nothing started")
+            out.info("stopped before the server was started")
+            return 0
         code = supervise(spec, log, stop, events)
+        if received:
+            log.note(f"received {', '.join(received)}")
         out.info("server stopped; port lock released")
         return code
     finally:
         progress.done()
-        for s, h in old.items():
-            signal.signal(s, h)
         log.close()
 
 

@@ -53,21 +53,38 @@ class FileLock:
     """A non-blocking exclusive flock on `path`, held until `release()` (or process exit)."""
 
     def __init__(
-        self, path: Path, purpose: str, alternative: str = "lock folder", **info: object
+        self,
+        path: Path,
+        purpose: str,
+        alternative: str = "lock folder",
+        *,
+        folder_setting: str = "",
+        **info: object,
     ) -> None:
         self.path = Path(path)
         self.purpose = purpose
         self.alternative = alternative
+        self.folder_setting = folder_setting  # the setting naming the lock's folder
         self.info = info
         self._fd: int | None = None
+        self._since = 0.0
 
     @property
     def held(self) -> bool:
         return self._fd is not None
 
     def acquire(self) -> FileLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            where = f"{self.folder_setting}={self.path.parent}" if self.folder_setting \
+                else str(self.path.parent)
+            raise Sm70Error(
+                f"{self.purpose}: cannot create the lock file {self.path}: "
+                f"{exc.strerror or exc}",
+                hint=f"{where} must be a folder this user can write",
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -80,11 +97,23 @@ class FileLock:
                 holder=holder,
                 hint=f"stop pid {pid} first (or use another {self.alternative})",
             ) from None
-        record = {"pid": os.getpid(), "purpose": self.purpose, "since": time.time(), **self.info}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
         self._fd = fd
+        self._since = time.time()
+        self._write_record()
         return self
+
+    def update(self, **info: object) -> None:
+        """Add to what the held lock tells others (e.g. the cache entry a server uses)."""
+        self.info.update(info)
+        self._write_record()
+
+    def _write_record(self) -> None:
+        if self._fd is None:
+            raise RuntimeError(f"{self.path} is not held")
+        record = {"pid": os.getpid(), "purpose": self.purpose, "since": self._since,
+                  **self.info}
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, json.dumps(record).encode(), 0)
 
     def release(self) -> None:
         if self._fd is None:
@@ -110,7 +139,19 @@ class FileLock:
 
 def port_lock(lock_dir: Path, port: int, host: str) -> FileLock:
     return FileLock(port_lock_path(lock_dir, port), f"sm70ctl serve on port {port}",
-                    alternative="SM70_PORT", port=port, host=host)
+                    alternative="SM70_PORT", folder_setting="SM70_LOCK_DIR", port=port,
+                    host=host)
+
+
+def servers_using(lock_dir: Path, entry: Path) -> list[dict]:
+    """The live `sm70ctl serve` processes whose server runs on the compile-cache `entry`
+    (from the records of the held port locks)."""
+    out = []
+    for path in sorted(Path(lock_dir).expanduser().glob("serve-port-*.lock")):
+        holder = probe_holder(path)
+        if holder is not None and holder.info.get("cache_entry") == str(entry):
+            out.append(holder.info)
+    return out
 
 
 def probe_holder(path: Path) -> Holder | None:

@@ -51,14 +51,10 @@ def probe_model_dir(path: Path) -> ModelDirState:
 def quant_problems(config: dict[str, Any] | None) -> list[str] | None:
     """The weights module's verdict on the checkpoint's quantization_config, as lines;
     None when the checkpoint has no quantization_config at all."""
-    if config is None:
+    from sm70ctl.weights.quant import has_quant_config, validate_quant_config
+
+    if config is None or not has_quant_config(config):
         return None
-    has_q = "quantization_config" in config or "quantization_config" in (
-        config.get("text_config") or {}
-    )
-    if not has_q:
-        return None
-    from sm70ctl.weights.quant import validate_quant_config
 
     return [p.message for p in validate_quant_config(config)]
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from sm70ctl.errors import Sm70Error
 
 TAIL_LINES = 40
+MASK = "***"
 
 
 # --- back-off policy (pure) -----------------------------------------------------------
@@ -69,16 +70,26 @@ class ServerLog:
         max_bytes: int,
         backups: int,
         echo: Callable[[str], None] | None = None,
+        secrets: Sequence[str] = (),
     ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Values masked in the server's own lines: a server that prints its arguments
+        # (some vLLM versions log every non-default one) must not put the API key into
+        # the log file, the console or an error message's tail.
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handler = logging.handlers.RotatingFileHandler(
+                self.path, maxBytes=max(0, int(max_bytes)), backupCount=max(0, int(backups)),
+                encoding="utf-8",
+            )
+        except OSError as exc:
+            raise Sm70Error(f"cannot write the server log {self.path}: {exc.strerror or exc}",
+                            hint=f"SM70_LOG_DIR={self.path.parent} must be a folder this "
+                            "user can write") from None
         self._logger = logging.getLogger(f"sm70ctl.serve.{id(self)}")
         self._logger.propagate = False
         self._logger.setLevel(logging.INFO)
-        self._handler = logging.handlers.RotatingFileHandler(
-            self.path, maxBytes=max(0, int(max_bytes)), backupCount=max(0, int(backups)),
-            encoding="utf-8",
-        )
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         self._logger.addHandler(self._handler)
         self._echo = echo
@@ -93,6 +104,8 @@ class ServerLog:
             self._echo(f"[sm70ctl] {line}")
 
     def server_line(self, line: str) -> None:
+        for secret in self._secrets:
+            line = line.replace(secret, MASK)
         with self._lock:
             self.tail.append(line)
             self._logger.info("%s", line)
@@ -110,7 +123,7 @@ class ServerSpec:
     argv: list[str]
     env: dict[str, str]
     base_url: str  # http://127.0.0.1:8000
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # never in a repr or log
     startup_timeout: float = 1800.0
     shutdown_grace: float = 30.0
     restart: bool = False

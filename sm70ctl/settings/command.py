@@ -145,6 +145,8 @@ def explain(
     from sm70ctl.settings.schema import load_schema
 
     schema = load_schema()
+    if not name.strip():
+        raise UsageError("give a variable name, e.g. SM70_PORT (`sm70ctl env list` lists them)")
     spec = schema.get(name)
     if spec is None:
         guess = suggest(name if name.upper().startswith("SM70_") else "SM70_" + name, schema)
@@ -213,7 +215,8 @@ def docs(
     ] = False,
     output: Annotated[
         Optional[Path],  # noqa: UP045 - Typer 0.25 needs Optional on Python 3.10
-        typer.Option("--output", "-o", help="Where to write (default: docs/env.md)."),
+        typer.Option("--output", "-o", help="Where to write (default: docs/env.md).",
+                     dir_okay=False),
     ] = None,
 ) -> None:
     """Generate docs/env.md from env_schema.yaml (or check it is current).
@@ -222,21 +225,30 @@ def docs(
 
         sm70ctl env docs --check
     """
+    from sm70ctl.errors import Sm70Error
     from sm70ctl.fsutil import atomic_write_text
     from sm70ctl.settings.docs import DOCS_PATH, render
 
     path = output or (_repo_root() / DOCS_PATH)
     text = render()
     out = Output()
-    current = path.read_text(encoding="utf-8") if path.exists() else None
+    try:  # bytes: a file that is not UTF-8 is simply not current
+        current = path.read_bytes() if path.exists() else None
+    except OSError as exc:
+        raise Sm70Error(f"--output {path}: cannot read: {exc.strerror or exc}",
+                        hint="give a readable, writable file path") from None
     if check_only:
-        if current != text:
+        if current != text.encode("utf-8"):
             out.error(f"{path} is stale", "run `sm70ctl env docs` and commit the result")
             raise typer.Exit(1)
         out.success(f"{path} is current")
         return
-    if current == text:
+    if current == text.encode("utf-8"):
         out.info(f"{path} already current")
         return
-    atomic_write_text(path, text)
+    try:
+        atomic_write_text(path, text)
+    except OSError as exc:
+        raise Sm70Error(f"--output {path}: cannot write: {exc.strerror or exc}",
+                        hint="give a writable file path") from None
     out.success(f"wrote {path}")

@@ -1,14 +1,16 @@
 """Per-consumer views of Settings: small frozen dataclasses, one per consumer kind.
 
-Modules that act on settings (plan, build, serve's supervisor, doctor, weights) take
-these instead of reaching into the whole Settings object, which keeps their inputs
-explicit and lets a test prove that every variable reaches its consumer (no dead knobs).
-The vLLM-facing consumers (argv, env, plugin configuration) live in sm70ctl/launch.py.
+Each view names, field by field, what the schema says a consumer kind receives, so a test
+(tests/test_settings_consumers.py) proves every variable reaches a field (no dead knobs).
+The commands do not take these views: the plan builds `plan.PlanInputs.from_settings` and
+the doctor `doctor.config.DoctorConfig.from_settings` (that test checks both directly);
+build, serve and weights read the Settings object. The vLLM-facing consumers (argv, env,
+plugin configuration) live in sm70ctl/launch.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -190,11 +192,6 @@ def weights_config(s: Any) -> WeightsConfig:
         model_dir=s.model_dir,
         token=s.hf_token.get_secret_value() if s.hf_token is not None else None,
     )
-
-
-def as_plain(obj: Any) -> dict[str, Any]:
-    """A consumer dataclass as JSON-ready data (paths as strings)."""
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(obj).items()}
 
 
 CONSUMER_FUNCTIONS = {

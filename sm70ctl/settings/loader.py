@@ -52,7 +52,7 @@ def parse_env_file(path: Path) -> tuple[dict[str, RawValue], list[Problem]]:
         where = f"file:{path}:{lineno}"
         match = _LINE.match(stripped)
         if not match:
-            problems.append(Problem(variable=f"{path}:{lineno}", value=stripped[:40],
+            problems.append(Problem(variable=f"{path}:{lineno}", value=_masked_line(stripped),
                                     rule="not a KEY=VALUE line",
                                     allowed="SM70_NAME=value, # comments, blank lines",
                                     source=where))
@@ -60,6 +60,15 @@ def parse_env_file(path: Path) -> tuple[dict[str, RawValue], list[Problem]]:
         key, value = match.groups()
         values[key] = RawValue(_unquote(value), where)
     return values, problems
+
+
+def _masked_line(line: str) -> str:
+    """A malformed line as shown in a problem: only a leading SM70_ name, since the rest
+    (or a bare pasted word) may be a secret typed without `=` (`SM70_API_KEY: sk-...`)."""
+    name = re.match(rf"(?i){PREFIX}[A-Za-z0-9_]*", line)
+    if name is None:
+        return MASK
+    return name.group(0) + (f" {MASK}" if len(line) > name.end() else "")
 
 
 def _unquote(value: str) -> str:
@@ -180,10 +189,21 @@ def validate(raw: dict[str, RawValue], problems: list[Problem] | None = None) ->
 
 
 def load_settings(
-    environ: Mapping[str, str] | None = None, env_file: Path | str | None = None
+    environ: Mapping[str, str] | None = None,
+    env_file: Path | str | None = None,
+    overrides: Mapping[str, tuple[str, str]] | None = None,
 ) -> Any:
-    """The one way to get Settings. `environ` defaults to os.environ; tests pass a mapping."""
+    """The one way to get Settings. `environ` defaults to os.environ; tests pass a mapping.
+
+    `overrides` maps a variable name to (text, source), e.g. a command-line option
+    `{"SM70_MAX_MODEL_LEN": ("131072", "--max-model-len")}`: it wins over environment and
+    file, and goes through the same checks, its problems naming that source."""
     raw, problems = collect(environ, Path(env_file) if env_file is not None else None)
+    schema = load_schema()
+    for name, (text, source) in (overrides or {}).items():
+        if name not in schema.by_name:
+            raise ValueError(f"override of unknown variable {name}")  # a bug, not input
+        raw[name] = RawValue(text, source)
     return validate(raw, problems)
 
 

@@ -84,7 +84,10 @@ def _check_scalar(spec: VarSpec, kind: str, text: str) -> Any:
             raise V.BadValue(f"not one of the allowed choices{why}", ", ".join(spec.choices))
     lo, hi = _bounds(spec, kind)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise V.BadValue("out of range", _range_text(spec, kind))
+        # SM70_GPU_BUSY_MIB=500 reads as 500 bytes: say so, the name suggests MiB
+        bare = kind == "bytes" and text.strip().isdigit()
+        note = f" ({value:,} B: a size without a unit is bytes)" if bare else ""
+        raise V.BadValue(f"out of range{note}", _range_text(spec, kind))
     if spec.multiple_of and value % spec.multiple_of:
         raise V.BadValue(
             f"not a multiple of {spec.multiple_of}",

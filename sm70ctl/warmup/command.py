@@ -94,7 +94,9 @@ def run(settings: Any, device: str, force: bool, json_mode: bool) -> int:
     def on_signal(signum: int, _frame: Any) -> None:
         ctx.stop.set()
 
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP too: a closed terminal must clean up like Ctrl-C, not die mid-build.
+    old = {s: signal.signal(s, on_signal)
+           for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         manifest = run_warmup(ctx, force=force)
     finally:

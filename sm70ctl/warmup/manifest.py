@@ -53,14 +53,21 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected a JSON object, found {type(data).__name__}")
+        if not isinstance(data.get("warm", False), bool):  # "false" must not read as warm
+            raise ValueError("'warm' must be true or false")
+        raw_steps = data.get("steps", [])
+        if not isinstance(raw_steps, list):
+            raise ValueError("'steps' must be a list")
         steps = [Step(**{k: s.get(k) for k in ("name", "status", "detail", "seconds")
-                         if k in s}) for s in data.get("steps", []) if isinstance(s, dict)]
+                         if k in s}) for s in raw_steps if isinstance(s, dict)]
         return cls(
             fingerprint=str(data["fingerprint"]),
             components={str(k): str(v) for k, v in dict(data.get("components", {})).items()},
             device=str(data.get("device", "")),
             steps=steps,
-            warm=bool(data.get("warm", False)),
+            warm=data.get("warm", False),
             created=float(data.get("created", 0.0)),
             version=int(data.get("version", 1)),
         )
@@ -122,6 +129,9 @@ def assess(
     others: list[Manifest],
 ) -> Verdict:
     """Warm or cold, and why (pure)."""
+    if manifest is not None and manifest.fingerprint != fp:
+        return Verdict(False, fp, f"the manifest in entry {fp} names another fingerprint "
+                       f"({manifest.fingerprint}): a copied or damaged file")
     if manifest is not None:
         if manifest.warm:
             if all(s.status == NOT_NEEDED for s in manifest.steps):

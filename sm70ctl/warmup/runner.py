@@ -141,8 +141,11 @@ class RunContext:
 
 
 def _run_kernels(ctx: RunContext, folder: Path) -> Step:
+    from sm70ctl.serve.environment import child_env
+
     s = ctx.settings
-    env = dict(ctx.environ)
+    # Like the server's: no SM70_* variable (SM70_HF_TOKEN, SM70_API_KEY) reaches the build.
+    env = child_env(ctx.environ, {})
     env.update({
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(
             os.pathsep),
@@ -304,19 +307,28 @@ def _fresh_entry(entry: Path) -> None:
 
 def run_warmup(ctx: RunContext, *, force: bool = False) -> Manifest:
     """The whole warmup under the warmup lock; returns the manifest it wrote."""
-    from sm70ctl.serve.lock import FileLock
+    from sm70ctl.errors import Sm70Error
+    from sm70ctl.serve.lock import FileLock, servers_using
 
     s = ctx.settings
     cache_dir = Path(s.cache_dir).expanduser()
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with FileLock(cache_dir / ".warmup.lock", "sm70ctl warmup", alternative="SM70_CACHE_DIR"):
+    with FileLock(cache_dir / ".warmup.lock", "sm70ctl warmup", alternative="SM70_CACHE_DIR",
+                  folder_setting="SM70_CACHE_DIR"):
         comps = probe_components(s, ctx.device, environ=ctx.environ)
         fp = fingerprint(comps)
         entry = entry_dir(cache_dir, fp)
         existing = read_manifest(entry)
-        if existing is not None and existing.warm and not force:
+        if existing is not None and existing.warm and existing.fingerprint == fp and not force:
             ctx.reporter.note(f"already warm: {entry}")
             return existing
+        users = servers_using(s.lock_dir, entry) if entry.exists() else []
+        if users:
+            who = ", ".join(f"pid {u.get('pid')} on port {u.get('port')}" for u in users)
+            raise Sm70Error(
+                f"the cache entry {entry} is in use by sm70ctl serve ({who}); warming it "
+                "again would delete it under the running server",
+                hint="stop that server first (warm while nothing serves from this entry)",
+            )
         for leftover in cache_dir.glob(".trash-*"):
             shutil.rmtree(leftover, ignore_errors=True)
         plan = plan_steps(capabilities(s, ctx.device))

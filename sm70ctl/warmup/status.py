@@ -6,7 +6,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from sm70ctl.warmup.fingerprint import fingerprint, probe_components
-from sm70ctl.warmup.manifest import Verdict, assess, entry_dir, other_manifests, read_manifest
+from sm70ctl.warmup.manifest import (
+    MANIFEST,
+    Verdict,
+    assess,
+    entry_dir,
+    other_manifests,
+    read_manifest,
+)
 
 
 def cache_status(
@@ -16,6 +23,10 @@ def cache_status(
     fingerprint components it used."""
     comps = probe_components(settings, device, environ=environ)
     fp = fingerprint(comps)
-    manifest = read_manifest(entry_dir(settings.cache_dir, fp))
+    entry = entry_dir(settings.cache_dir, fp)
+    manifest = read_manifest(entry)
+    if manifest is None and (entry / MANIFEST).exists():
+        return Verdict(False, fp, f"the manifest {entry / MANIFEST} is unreadable (damaged); "
+                       "`sm70ctl warmup` rebuilds the entry"), comps
     others = [] if manifest is not None else other_manifests(settings.cache_dir, fp)
     return assess(fp, comps, manifest, others), comps

@@ -6,7 +6,6 @@ only; huggingface_hub is imported by fetch.py inside the functions that talk to 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -58,19 +57,10 @@ weights_app = typer.Typer(
 
 
 def _config(env_file: Path | None, **overrides: Any):  # -> FetchConfig
-    """The settings fetch needs: from the Settings object, or (until the settings module
-    is importable) from SM70_WEIGHTS_DIR / SM70_HF_TOKEN at this edge."""
+    """The settings fetch needs, from the one Settings object."""
+    from sm70ctl.settings import load_settings
     from sm70ctl.weights.fetch import FetchConfig
 
-    try:
-        from sm70ctl.settings import load_settings
-    except ImportError:
-        environ = dict(os.environ)
-        if env_file is not None:
-            from sm70ctl.doctor.config import read_env_file
-
-            environ = {**read_env_file(env_file), **environ}
-        return FetchConfig.from_environ(environ, **overrides)
     return FetchConfig.from_settings(load_settings(env_file=env_file), **overrides)
 
 

@@ -27,7 +27,7 @@ import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -41,6 +41,7 @@ from sm70ctl.weights.manifest import (
     git_blob_oid,
     partial_path,
     read_manifest,
+    safe_relpath,
     sha256_file,
     write_manifest,
 )
@@ -68,13 +69,6 @@ class FetchConfig:
             token=str(token) if token else None,
             **overrides,
         )
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str], **overrides: Any) -> FetchConfig:
-        """Fallback when the settings module cannot be imported: the two variables only."""
-        weights = environ.get("SM70_WEIGHTS_DIR") or "~/.cache/sm70ctl/models"
-        token = environ.get("SM70_HF_TOKEN") or None
-        return cls(weights_dir=Path(weights).expanduser(), token=token, **overrides)
 
     def folder(self, pin: ModelPin) -> Path:
         return self.weights_dir / pin.local_dir
@@ -184,8 +178,13 @@ def hub_mismatch(remote: RemoteFile, sha256: str, git_oid: str | None) -> str | 
     if remote.lfs_sha256:
         if sha256 != remote.lfs_sha256.lower():
             return f"sha256 {sha256} but the hub lists LFS sha256 {remote.lfs_sha256}"
-    elif remote.git_oid and git_oid is not None and git_oid != remote.git_oid.lower():
-        return f"git blob id {git_oid} but the hub lists {remote.git_oid}"
+    elif remote.git_oid:
+        if git_oid is None:
+            return "the git blob id was not measured"
+        if git_oid != remote.git_oid.lower():
+            return f"git blob id {git_oid} but the hub lists {remote.git_oid}"
+    else:  # nothing to check against: unverified bytes are never used
+        return "the hub listed neither an LFS sha256 nor a git blob id for it"
     return None
 
 
@@ -274,8 +273,7 @@ def list_remote(pin: ModelPin, cfg: FetchConfig) -> list[RemoteFile]:
     out = []
     for e in entries:
         if isinstance(e, RepoFile):
-            parts = PurePosixPath(e.path).parts
-            if e.path.startswith("/") or ".." in parts or (parts and parts[0] == STATE_DIR):
+            if not safe_relpath(e.path):
                 raise Sm70Error(f"the hub listed an unsafe path {e.path!r} in "
                                 f"{pin.repo_id}@{pin.revision}; refusing to write it")
             out.append(
@@ -465,6 +463,14 @@ def fetch_pin(
     """Bring `pin` into `cfg.folder(pin)`; resumable, hashed, recorded in the manifest."""
     refuse_placeholder(pin)
     folder = cfg.folder(pin)
+    # Before any request: a weights folder that can never be written fails now, in one line.
+    root = disk.existing_ancestor(folder)
+    if not root.is_dir() or not os.access(root, os.W_OK):
+        raise Sm70Error(
+            f"SM70_WEIGHTS_DIR={cfg.weights_dir}: cannot create {folder} "
+            f"({root} is {'not a folder' if not root.is_dir() else 'not writable'})",
+            hint="point SM70_WEIGHTS_DIR at a folder this user can write",
+        )
     result = FetchResult(pin.name, pin.repo_id, pin.revision, str(folder))
 
     report(f"{pin.name}: listing {pin.repo_id}@{pin.revision} on {endpoint_label(cfg)}")
@@ -478,7 +484,11 @@ def fetch_pin(
     result.total_bytes = sum(f.size for f in files)
 
     # Space first, before touching the folder: everything not yet on disk must fit.
-    old = read_manifest(folder) if folder.is_dir() else None
+    try:
+        old = read_manifest(folder) if folder.is_dir() else None
+    except Sm70Error as exc:  # rebuilt below: every file is re-hashed against the hub
+        report(f"{pin.name}: {exc.message}; rebuilding it")
+        old = None
     if folder.is_dir():
         complete, partial = local_state(folder, files, old, pin.revision)
     else:

@@ -17,7 +17,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sm70ctl.errors import Sm70Error
@@ -76,27 +76,57 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        """Parse a manifest; ValueError naming the field when it is not one we wrote (a
+        hand-edited or damaged file must fail cleanly, not deep inside verify)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, found {type(data).__name__}")
+        raw_files = data.get("files", {})
+        if not isinstance(raw_files, dict):
+            raise ValueError(f"'files' must be an object, found {type(raw_files).__name__}")
         files = {}
-        for path, raw in data.get("files", {}).items():
+        for path, raw in raw_files.items():
+            if not safe_relpath(path):
+                raise ValueError(f"unsafe file path {path!r} (absolute, '..' or {STATE_DIR}/)")
+            if not isinstance(raw, dict):
+                raise ValueError(f"entry of {path!r} must be an object")
             stat = raw.get("stat")
+            if stat is not None and not isinstance(stat, dict):
+                raise ValueError(f"'stat' of {path!r} must be an object")
             files[path] = FileEntry(
                 size=int(raw["size"]),
-                lfs_sha256=raw.get("lfs_sha256"),
-                git_oid=raw.get("git_oid"),
-                sha256=raw.get("sha256"),
+                lfs_sha256=_opt_str(raw.get("lfs_sha256")),
+                git_oid=_opt_str(raw.get("git_oid")),
+                sha256=_opt_str(raw.get("sha256")),
                 stat=StatStamp(**stat) if stat else None,
             )
+        for key in ("include", "exclude"):
+            if not isinstance(data.get(key, []), list):
+                raise ValueError(f"'{key}' must be a list")
         return cls(
-            name=data["name"],
-            repo_id=data["repo_id"],
-            revision=data["revision"],
-            repo_type=data.get("repo_type", "model"),
-            include=list(data.get("include", [])),
-            exclude=list(data.get("exclude", [])),
-            complete=bool(data.get("complete", False)),
+            name=str(data["name"]),
+            repo_id=str(data["repo_id"]),
+            revision=str(data["revision"]),
+            repo_type=str(data.get("repo_type", "model")),
+            include=[str(x) for x in data.get("include", [])],
+            exclude=[str(x) for x in data.get("exclude", [])],
+            complete=data.get("complete", False) is True,
             files=files,
             format=int(data.get("format", FORMAT)),
         )
+
+
+def _opt_str(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"expected a string or null, found {type(value).__name__}")
+
+
+def safe_relpath(path: object) -> bool:
+    """A listed path that stays inside the model folder and out of our state folder."""
+    if not isinstance(path, str) or not path or path.startswith("/"):
+        return False
+    parts = PurePosixPath(path).parts
+    return bool(parts) and ".." not in parts and parts[0] != STATE_DIR
 
 
 def manifest_path(folder: Path) -> Path:
@@ -160,6 +190,7 @@ __all__ = [
     "manifest_path",
     "partial_path",
     "read_manifest",
+    "safe_relpath",
     "sha256_file",
     "walk_files",
     "write_manifest",

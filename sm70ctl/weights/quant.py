@@ -43,6 +43,17 @@ class Problem:
         return asdict(self)
 
 
+def has_quant_config(config: Any) -> bool:
+    """Does this config.json (any JSON value) carry a quantization_config, at the top level
+    or under text_config?"""
+    if not isinstance(config, Mapping):
+        return False
+    text = config.get("text_config")
+    return "quantization_config" in config or (
+        isinstance(text, Mapping) and "quantization_config" in text
+    )
+
+
 def _quant_section(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any] | None]:
     """Find the quantization config: top level, under text_config, or given bare."""
     if isinstance(config.get("quantization_config"), Mapping):

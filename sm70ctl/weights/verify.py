@@ -96,8 +96,10 @@ def _check_entries(
                 Issue(CORRUPTED, rel, f"size {stamp.size} bytes, expected {entry.size}")
             )
             continue
-        expected = entry.sha256 or entry.lfs_sha256
-        if not full and entry.sha256 and entry.stat == stamp:
+        # The hub's LFS sha256 outranks our own record: a record that disagrees with it
+        # (a hand-edited manifest) must not vouch for the file.
+        expected = (entry.lfs_sha256 or entry.sha256 or "").lower() or None
+        if not full and entry.sha256 and entry.sha256 == expected and entry.stat == stamp:
             continue  # unchanged since it was last hashed
         sha = sha256_file(path)
         report.hashed += 1
@@ -177,10 +179,9 @@ def _has_quant_config(config: Path) -> bool:
         data = json.loads(config.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(data, dict) and (
-        "quantization_config" in data
-        or "quantization_config" in (data.get("text_config") or {})
-    )
+    from sm70ctl.weights.quant import has_quant_config
+
+    return has_quant_config(data)
 
 
 __all__ = ["STATE_DIR", "Issue", "VerifyReport", "verify_folder"]
