@@ -156,7 +156,25 @@ def compile_fingerprint(settings: Any) -> str:
 
 
 def compile_cache_dir(settings: Any) -> Path:
+    """The default cache entry, keyed on settings alone; serve and warmup pass the entry
+    `sm70ctl warmup` fingerprints (sources, compilers, library versions too)."""
     return Path(settings.cache_dir) / compile_fingerprint(settings)
+
+
+# Where each compiler keeps its cache inside one cache entry (`sm70ctl warmup` fills them;
+# SM70_KERNELS_BUILD_DIR is read by our kernel loader in the server process).
+CACHE_SUBDIRS = {
+    "VLLM_CACHE_ROOT": "vllm",
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "SM70_KERNELS_BUILD_DIR": "kernels",
+}
+
+
+def cache_env(entry: Path) -> dict[str, str]:
+    """The variables that point vLLM, Triton, TorchInductor and our kernel loader at one
+    cache entry."""
+    return {var: str(Path(entry) / sub) for var, sub in CACHE_SUBDIRS.items()}
 
 
 # --- environment --------------------------------------------------------------------------
@@ -265,14 +283,15 @@ def vllm_env(
     *,
     p2p_available: bool | None = None,
     gpu_indices: Sequence[int] | None = None,
+    cache_entry: Path | None = None,
 ) -> dict[str, str]:
     """The variables sm70ctl sets for vLLM, NCCL and PyTorch (on top of the inherited env).
 
     `p2p_available`: whether driver P2P works between every pair of the GPUs (probed by
     serve); None when unknown. `gpu_indices`: SM70_GPUS resolved to CUDA indices.
+    `cache_entry`: the warmed cache entry (default: `compile_cache_dir(settings)`).
     """
     s = settings
-    cache = compile_cache_dir(s)
     env = {
         "CUDA_DEVICE_ORDER": s.cuda_device_order,
         "CUDA_VISIBLE_DEVICES": visible_devices(s, gpu_indices),
@@ -282,9 +301,7 @@ def vllm_env(
         "TRANSFORMERS_OFFLINE": "1",
         "NCCL_CUMEM_ENABLE": "1" if s.nccl_cumem else "0",
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
-        "VLLM_CACHE_ROOT": str(cache / "vllm"),
-        "TRITON_CACHE_DIR": str(cache / "triton"),
-        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        **cache_env(cache_entry or compile_cache_dir(s)),
         "VLLM_LOGGING_LEVEL": s.log_level.upper(),
         PLUGIN_CONFIG_ENV: plugin_config_obj(s).to_json(),
     }
@@ -297,7 +314,9 @@ def vllm_env(
 
 
 __all__ = [
+    "CACHE_SUBDIRS",
     "PLUGIN_CONFIG_ENV",
+    "cache_env",
     "compilation_config",
     "compile_cache_dir",
     "compile_fingerprint",

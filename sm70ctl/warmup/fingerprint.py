@@ -122,8 +122,7 @@ def inherited_compile_env(environ: Mapping[str, str], managed: set[str]) -> dict
 
 def managed_names(settings: Any) -> set[str]:
     """Names of the variables serve sets itself (their values are settings already)."""
-    from sm70ctl.launch import vllm_env
-    from sm70ctl.warmup.manifest import CACHE_SUBDIRS
+    from sm70ctl.launch import CACHE_SUBDIRS, vllm_env
 
     env = vllm_env(settings, gpu_indices=list(range(len(settings.gpus))))
     return set(env) | set(CACHE_SUBDIRS) | {"VLLM_USE_AOT_COMPILE"}

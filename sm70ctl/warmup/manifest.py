@@ -20,12 +20,6 @@ from typing import Any
 from sm70ctl.warmup.fingerprint import diff_components
 
 MANIFEST = "manifest.json"
-CACHE_SUBDIRS = {
-    "VLLM_CACHE_ROOT": "vllm",
-    "TRITON_CACHE_DIR": "triton",
-    "TORCHINDUCTOR_CACHE_DIR": "inductor",
-    "SM70_KERNELS_BUILD_DIR": "kernels",
-}
 
 DONE, SKIPPED, FAILED, NOT_NEEDED = "done", "skipped", "failed", "not needed"
 
@@ -75,12 +69,6 @@ class Manifest:
 
 def entry_dir(cache_dir: Path, fp: str) -> Path:
     return Path(cache_dir).expanduser() / fp
-
-
-def cache_env(entry: Path) -> dict[str, str]:
-    """The variables that point vLLM, Triton, TorchInductor and our kernel loader at one
-    cache entry."""
-    return {var: str(Path(entry) / sub) for var, sub in CACHE_SUBDIRS.items()}
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> Path:
