@@ -146,6 +146,15 @@ def test_logit_workspaces_by_hand(model):
     assert _item(p, "decode.splitk") == 64 * 64 * 12 * 258 * 4
 
 
+def test_activations_follow_the_batched_token_budget(model):
+    # One step can carry SM70_MAX_NUM_BATCHED_TOKENS tokens from several requests, however
+    # small the per-prompt chunk: 4096 tokens of gate|up + product, by hand.
+    p = _plan(model, max_num_batched_tokens=4096)
+    detail = next(i.detail for i in p.gpus[0].items if i.key == "act.layer")
+    assert detail["mlp_bytes"] == 4096 * 3 * 8704 * 2
+    assert _item(p, "act.residual") > _item(_plan(model), "act.residual")
+
+
 def test_gpu_budget_overflow_names_first_item(model):
     small = [Gpu(0, "a", 16 << 30), Gpu(1, "b", 16 << 30)]
     p = _plan(model, gpus=small)

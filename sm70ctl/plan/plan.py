@@ -38,7 +38,6 @@ class PlanInputs:
     gpu_memory_utilization: float = 0.96
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
-    prefill_chunk: int = 2048
     block_size: int = 0
     state_block_multiplier: int = 8
     gdn_state_dtype: str = "int16"
@@ -96,7 +95,7 @@ class PlanInputs:
                 raise bad(var, getattr(self, var), "must be at least 1")
         for var in ("kv_cache_bytes", "block_size", "allocator_reserve", "cuda_context_reserve",
                     "prompt_logprobs_chunk", "max_logprobs", "allreduce_buffer_bytes",
-                    "decode_max_splits", "spec_tokens", "prefill_chunk", "clef_rank"):
+                    "decode_max_splits", "spec_tokens", "clef_rank"):
             if getattr(self, var) < 0:
                 raise bad(var, getattr(self, var), "must not be negative")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -225,8 +224,9 @@ def compute_plan(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu],
     mtp = inputs.spec_method == "mtp" and spec > 0 and model.mtp_num_hidden_layers > 0
     opts = WeightOptions(inputs.int8_lm_head, inputs.attn_weights_12bit, inputs.draft_head_dtype)
     ranges = pp_layer_ranges(model.num_layers, pp)
-    tokens = min(inputs.prefill_chunk or inputs.max_num_batched_tokens,
-                 inputs.max_num_batched_tokens)
+    # One forward pass carries up to SM70_MAX_NUM_BATCHED_TOKENS tokens (several short
+    # prefills and decodes together); the prefill chunk only caps one prompt's share.
+    tokens = inputs.max_num_batched_tokens
     sizes = () if inputs.enforce_eager else inputs.cudagraph_sizes
     ws_in = WorkspaceInputs(
         tp, pp, tokens, inputs.max_num_seqs, spec, inputs.max_logprobs,

@@ -62,7 +62,6 @@ class PlanInputs:
     kv_cache_bytes: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    prefill_chunk: int
     block_size: int
     state_block_multiplier: int
     gdn_state_dtype: str
@@ -151,7 +150,6 @@ def plan_inputs(s: Any) -> PlanInputs:
         kv_cache_bytes=s.kv_cache_bytes,
         max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens,
-        prefill_chunk=s.prefill_chunk,
         block_size=s.block_size,
         state_block_multiplier=s.state_block_multiplier,
         gdn_state_dtype=s.gdn_state_dtype,
