@@ -64,24 +64,6 @@ HELP = (
 )
 
 
-def _model(config: Path | None, model_dir: Path | None, settings: Any):
-    from sm70ctl.errors import UsageError
-    from sm70ctl.plan.model_config import builtin_config_path, load_config
-
-    if config is not None and model_dir is not None:
-        raise UsageError("give --config or --model-dir, not both")
-    if config is not None:
-        return load_config(config), "--config"
-    if model_dir is not None:
-        if not (model_dir / "config.json").is_file():
-            raise UsageError(f"--model-dir {model_dir}: no config.json there")
-        return load_config(model_dir / "config.json"), "--model-dir"
-    env_dir = getattr(settings, "model_dir", None)
-    if env_dir is not None and (Path(env_dir).expanduser() / "config.json").is_file():
-        return load_config(Path(env_dir).expanduser() / "config.json"), "SM70_MODEL_DIR"
-    return load_config(builtin_config_path()), "built-in (Qwen3.8-27B GPTQ int8)"
-
-
 def register(app: typer.Typer) -> None:
     @app.command("plan", help=HELP)
     def plan(
@@ -97,9 +79,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from sm70ctl.errors import EXIT_USAGE, Sm70Error, UsageError
         from sm70ctl.output import Output
-        from sm70ctl.plan.gpus import probe_nvml, resolve_gpus
-        from sm70ctl.plan.plan import PlanInputs, compute_plan, what_fits
+        from sm70ctl.plan.plan import what_fits
         from sm70ctl.plan.report import plan_to_dict
+        from sm70ctl.plan.run import BUILTIN_SOURCE, plan_for_settings
         from sm70ctl.settings import SettingsError, load_settings
 
         out = Output(json_out)
@@ -113,19 +95,18 @@ def register(app: typer.Typer) -> None:
             if any(p.source in ("--max-model-len", "--max-num-seqs") for p in exc.problems):
                 exc.exit_code = EXIT_USAGE  # a bad option is a usage error
             raise
-        inputs = PlanInputs.from_settings(settings)
-        if context is not None and context > inputs.max_model_len:
+        if context is not None and context > settings.max_model_len:
             raise UsageError(
                 f"--context {context:,} is longer than SM70_MAX_MODEL_LEN="
-                f"{inputs.max_model_len:,}: no request can be that long",
+                f"{settings.max_model_len:,}: no request can be that long",
                 hint="give --context at or below the max model length, or raise "
                      "--max-model-len",
             )
-        model, model_source = _model(config, model_dir, settings)
+        run = plan_for_settings(settings, config=config, model_dir=model_dir, gpus=gpus,
+                                context=context)
+        result, model, model_source, src, inputs = (
+            run.plan, run.model, run.model_source, run.gpus, run.inputs)
         needed = inputs.tensor_parallel_size * inputs.pipeline_parallel_size
-        src = resolve_gpus(gpus, needed, None if gpus is not None else probe_nvml(),
-                           [str(g) for g in settings.gpus])
-        result = compute_plan(model, inputs, src.gpus[:needed], context)
         data = plan_to_dict(result, {"model_source": model_source, "gpus_source": src.source,
                                      "gpus_note": src.note, "settings_source": "SM70_* settings"})
         steps = [] if result.fits else what_fits(model, inputs, src.gpus[:needed])
@@ -134,7 +115,7 @@ def register(app: typer.Typer) -> None:
             from sm70ctl.fsutil import atomic_write_text
             from sm70ctl.plan.svg import render_svg
 
-            name = ("Qwen3.8-27B GPTQ int8" if model_source.startswith("built-in")
+            name = ("Qwen3.8-27B GPTQ int8" if model_source == BUILTIN_SOURCE
                     else Path(model.source).parent.name or model.architecture)
             title = (f"Memory plan per GPU: {name}, TP={inputs.tensor_parallel_size} "
                      f"PP={inputs.pipeline_parallel_size}, {len(result.gpus)} GPU(s)")

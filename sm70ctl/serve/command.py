@@ -82,34 +82,20 @@ def register(app: typer.Typer) -> None:
 
 
 # --- the work ---------------------------------------------------------------------------
-def _plan_verdict(
-    settings: Any, device: str, gpu_indices: list[int] | None
-) -> tuple[str, str] | None:
+def _plan_verdict(settings: Any, device: str) -> tuple[str, str]:
     if device == "cpu":
         return ("skip", "device cpu: the GPU memory plan does not apply")
-    try:
-        from sm70ctl.plan.gpus import probe_nvml, resolve_gpus
-        from sm70ctl.plan.model_config import builtin_config_path, load_config
-        from sm70ctl.plan.plan import PlanInputs, compute_plan
-    except ImportError:
-        return None
     from sm70ctl.errors import Sm70Error
+    from sm70ctl.plan.run import plan_for_settings
 
     try:
-        inputs = PlanInputs.from_settings(settings)
-        cfg = Path(settings.model_dir).expanduser() / "config.json"
-        model = load_config(cfg if cfg.is_file() else builtin_config_path())
-        needed = inputs.tensor_parallel_size * inputs.pipeline_parallel_size
-        nvml = probe_nvml()
-        if nvml and gpu_indices:
-            nvml = [d for d in nvml if int(d["index"]) in gpu_indices] or nvml
-        src = resolve_gpus(None, needed, nvml)
-        plan = compute_plan(model, inputs, src.gpus[:needed], None)
+        run = plan_for_settings(settings)
     except (Sm70Error, ValueError, KeyError, OSError) as exc:
         return ("fail", f"the memory plan could not be computed: {exc}")
+    plan = run.plan
     if plan.overflow is not None:
         return ("fail", f"{plan.overflow.message} (run `sm70ctl plan` for what fits)")
-    gpus_note = "" if src.source == "nvml" else f" ({src.note})"
+    gpus_note = "" if run.gpus.source == "nvml" else f" ({run.gpus.note})"
     return ("pass", f"fits; longest sequence {plan.longest_sequence:,} tokens{gpus_note}")
 
 
@@ -157,7 +143,7 @@ def _gather(
         nvml_error=nvml_error,
         gpus=gpus,
         busy_bytes=int(settings.gpu_busy_mib),
-        plan=_plan_verdict(settings, device, indices),
+        plan=_plan_verdict(settings, device),
     )
     return {"inputs": inputs, "gpu_indices": indices, "fingerprint": verdict.fingerprint}
 
