@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sm70ctl.errors import Sm70Error
@@ -61,6 +62,7 @@ class PlanInputs:
     limit_images: int = 20
     limit_videos: int = 2
     quantization: str = "gptq"
+    model_dir: Path | None = None  # SM70_MODEL_DIR: its config.json is planned when present
 
     @property
     def vision(self) -> bool:

@@ -28,7 +28,7 @@ class PlanRun:
 
 
 def load_model(
-    settings: Any, config: Path | None = None, model_dir: Path | None = None
+    settings_dir: Path | None, config: Path | None = None, model_dir: Path | None = None
 ) -> tuple[ModelShape, str]:
     """The model to plan and where it came from: --config, --model-dir, SM70_MODEL_DIR's
     config.json when it exists, else the built-in Qwen3.8-27B description."""
@@ -40,9 +40,8 @@ def load_model(
         if not (model_dir / "config.json").is_file():
             raise UsageError(f"--model-dir {model_dir}: no config.json there")
         return load_config(model_dir / "config.json"), "--model-dir"
-    env_dir = getattr(settings, "model_dir", None)
-    if env_dir is not None and (Path(env_dir).expanduser() / "config.json").is_file():
-        return load_config(Path(env_dir).expanduser() / "config.json"), "SM70_MODEL_DIR"
+    if settings_dir is not None and (Path(settings_dir).expanduser() / "config.json").is_file():
+        return load_config(Path(settings_dir).expanduser() / "config.json"), "SM70_MODEL_DIR"
     return load_config(builtin_config_path()), BUILTIN_SOURCE
 
 
@@ -57,7 +56,7 @@ def plan_for_settings(
     """Plan the configured model on the configured GPUs (`gpus`: a --gpus spec that
     replaces NVML)."""
     inputs = PlanInputs.from_settings(settings)
-    model, source = load_model(settings, config, model_dir)
+    model, source = load_model(inputs.model_dir, config, model_dir)
     needed = inputs.tensor_parallel_size * inputs.pipeline_parallel_size
     src = resolve_gpus(gpus, needed, None if gpus is not None else probe_nvml(),
                        [str(g) for g in settings.gpus])

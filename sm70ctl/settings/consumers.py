@@ -1,11 +1,11 @@
-"""Per-consumer views of Settings: small frozen dataclasses, one per consumer kind.
+"""What each consumer kind receives from Settings, field by field.
 
-Each view names, field by field, what the schema says a consumer kind receives, so a test
-(tests/test_settings_consumers.py) proves every variable reaches a field (no dead knobs).
-The commands do not take these views: the plan builds `plan.PlanInputs.from_settings` and
-the doctor `doctor.config.DoctorConfig.from_settings` (that test checks both directly);
-build, serve and weights read the Settings object. The vLLM-facing consumers (argv, env,
-plugin configuration) live in sm70ctl/launch.py.
+The plan and the doctor are their real input objects (`PlanInputs.from_settings`,
+`DoctorConfig.from_settings`); supervisor, build and weights read the Settings object
+directly, so for them this module names the fields they read as small frozen views. A test
+(tests/test_settings_consumers.py) proves every variable reaches a field of its consumer
+(no dead knobs) and every field is fed by a variable. The vLLM-facing consumers (argv,
+env, plugin configuration) live in sm70ctl/launch.py.
 """
 
 from __future__ import annotations
@@ -46,51 +46,6 @@ class BuildConfig:
     cuda_arch_list: str
     max_jobs: int  # 0: derive from free memory
     nvcc_threads: int
-    host_cc: Path | None
-
-
-@dataclass(frozen=True)
-class PlanInputs:
-    """Everything the memory plan reads from settings (per GPU where it applies)."""
-
-    model_dir: Path
-    max_model_len: int
-    max_logprobs: int
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    gpu_memory_utilization: float
-    kv_cache_bytes: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    block_size: int
-    state_block_multiplier: int
-    gdn_state_dtype: str
-    split_pools: bool
-    allocator_reserve_bytes: int
-    cuda_context_reserve_bytes: int
-    kv_cache_dtype: str
-    decode_max_splits: int
-    quantization: str
-    attn_weights_12bit: bool
-    int8_lm_head: bool
-    allreduce_buffer_bytes: int
-    cudagraph_sizes: tuple[int, ...]
-    spec_method: str
-    spec_tokens: int
-    draft_head_dtype: str
-    clef: bool
-    clef_rank: int
-    prompt_logprobs_chunk: int
-
-
-@dataclass(frozen=True)
-class DoctorConfig:
-    gpus: tuple[str, ...]
-    gpu_busy_bytes: int
-    weights_dir: Path
-    build_dir: Path
-    serve_python: Path
-    cuda_home: Path | None
     host_cc: Path | None
 
 
@@ -139,57 +94,26 @@ def build_config(s: Any) -> BuildConfig:
     )
 
 
-def plan_inputs(s: Any) -> PlanInputs:
-    return PlanInputs(
-        model_dir=s.model_dir,
-        max_model_len=s.max_model_len,
-        max_logprobs=s.max_logprobs,
-        tensor_parallel_size=s.tensor_parallel_size,
-        pipeline_parallel_size=s.pipeline_parallel_size,
-        gpu_memory_utilization=s.gpu_memory_utilization,
-        kv_cache_bytes=s.kv_cache_bytes,
-        max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens,
-        block_size=s.block_size,
-        state_block_multiplier=s.state_block_multiplier,
-        gdn_state_dtype=s.gdn_state_dtype,
-        split_pools=s.split_pools,
-        allocator_reserve_bytes=s.allocator_reserve,
-        cuda_context_reserve_bytes=s.cuda_context_reserve,
-        kv_cache_dtype=s.kv_cache_dtype,
-        decode_max_splits=s.decode_max_splits,
-        quantization=s.quantization,
-        attn_weights_12bit=s.attn_weights_12bit,
-        int8_lm_head=s.int8_lm_head,
-        allreduce_buffer_bytes=s.allreduce_buffer_bytes,
-        cudagraph_sizes=tuple(sorted(s.cudagraph_sizes)),
-        spec_method=s.spec_method,
-        spec_tokens=s.spec_tokens,
-        draft_head_dtype=s.draft_head_dtype,
-        clef=s.clef,
-        clef_rank=s.clef_rank,
-        prompt_logprobs_chunk=s.prompt_logprobs_chunk,
-    )
-
-
-def doctor_config(s: Any) -> DoctorConfig:
-    return DoctorConfig(
-        gpus=tuple(s.gpus),
-        gpu_busy_bytes=s.gpu_busy_mib,
-        weights_dir=s.weights_dir,
-        build_dir=s.build_dir,
-        serve_python=s.serve_python,
-        cuda_home=s.cuda_home,
-        host_cc=s.host_cc,
-    )
-
-
 def weights_config(s: Any) -> WeightsConfig:
     return WeightsConfig(
         root=s.weights_dir,
         model_dir=s.model_dir,
         token=s.hf_token.get_secret_value() if s.hf_token is not None else None,
     )
+
+
+def plan_inputs(s: Any) -> Any:
+    """The plan's own inputs (what `sm70ctl plan` and serve's pre-flight compute with)."""
+    from sm70ctl.plan.plan import PlanInputs
+
+    return PlanInputs.from_settings(s)
+
+
+def doctor_config(s: Any) -> Any:
+    """The doctor's own configuration."""
+    from sm70ctl.doctor.config import DoctorConfig
+
+    return DoctorConfig.from_settings(s)
 
 
 CONSUMER_FUNCTIONS = {
