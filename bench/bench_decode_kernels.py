@@ -115,10 +115,13 @@ def bench_gemv(name: str, n: int, k: int, m: int, copy_gbps: float) -> dict:
     szs = [sz.clone() for _ in range(ncopy)]
     x = torch.randn(m, k, device="cuda").half()
     # (kernel, ksplit): auto, the classic kernel's K-split modes and, at M = 1, the
-    # streamed kernel with U = 1 and 2 chunks per row per step (tuning data)
+    # streamed kernel with U = 1 and 2 chunks per row per step (2, 3), stream-K with S = 2
+    # and 3 pipeline stages (4, 5) and the streamed kernel with x in shared memory, 4 rows
+    # x U = 2 and 8 rows x U = 1 (6, 7), packed-half math U = 1 / 2 (8, 9); each with its
+    # own K-split rule (tuning data)
     modes = [(0, 0), (1, 0), (1, 1), (1, 4)]
     if m == 1:
-        modes += [(2, 1), (2, 4), (3, 1), (3, 4)]
+        modes += [(2, 0), (3, 0), (4, 0), (5, 0), (6, 0), (7, 0), (8, 0), (8, 1), (8, 4), (9, 0)]
     by_mode = {}
     for kern, ks in modes:
         calls = [
@@ -191,9 +194,10 @@ def bench_decode(
     volta = torch.cuda.get_device_capability()[0] < 8  # m8n8k4 is the native path there
     default = splits is None and max_splits == 256 and (mma != 1 or volta)
     role = "default" if default else "tuning"
+    ctas = torch.ops.sm70.paged_decode_blocks_per_sm(qn, mma)
     if splits is None:
-        # H200: 4 decode blocks per SM (m16n8k16, QN = 1: 113 registers); 256 at 64K+
-        splits = ref.decode_num_splits(ctx, 1, hkv, sms, max_splits=max_splits, ctas_per_sm=4)
+        # one full wave of resident blocks (the kernel's occupancy, asked of the driver)
+        splits = ref.decode_num_splits(ctx, 1, hkv, sms, max_splits=max_splits, ctas_per_sm=ctas)
     calls = [
         (
             lambda i=i: torch.ops.sm70.paged_decode(
@@ -220,6 +224,7 @@ def bench_decode(
         "context": ctx,
         "q_rows": qn,
         "splits": splits,
+        "blocks_per_sm": ctas,
         "mma": {0: "auto", 1: "m8n8k4", 2: "m16n8k16"}[mma],
         "role": role,
         "us": t * 1e6,
@@ -250,7 +255,9 @@ def render(result: dict) -> str:
             f"{100 * r['frac_of_copy']:>6.0f}%{r['fp16_linear_us']:>9.1f}"
             f"{r['speedup_vs_fp16_linear']:>8.2f}{r['v100_floor_us_projected']:>10.1f}"
             f"{r['us_ksplit1']:>8.1f}{r['us_ksplit4']:>8.1f}{r['us_classic']:>8.1f}  "
-            + " ".join(f"{k}={v:.1f}" for k, v in r["us_by_kernel_ksplit"].items() if k[1] in "23")
+            + " ".join(
+                f"{k}={v:.1f}" for k, v in r["us_by_kernel_ksplit"].items() if k[1] in "23456789"
+            )
         )
     for r in result["decode"]:
         case = f"ctx={r['context']} q={r['q_rows']} s={r['splits']} {r['mma']}"
@@ -291,7 +298,7 @@ def main() -> int:
     # other split counts (198 = one wave at 3 blocks per SM, the QN = 4 residency; tuning)
     decode += [
         bench_decode(ctx, qn, copy, sms, native, splits=s)
-        for ctx, s in ((65536, 128), (65536, 198), (262144, 198), (262144, 512))
+        for ctx, s in ((65536, 128), (262144, 512))
         for qn in (1, 4)
     ]
     large_m1 = [r for r in gemv if r["m"] == 1 and r["shape"] in LARGE]

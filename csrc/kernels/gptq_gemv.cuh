@@ -15,11 +15,15 @@
 // flight. Codes become exact floats with a prmt "magic number" (no int->float conversion),
 // so the inner loop is one prmt, one add and M fused multiply-adds per weight byte. The x
 // chunk is read once per lane and reused for the R rows. M = 1 (decode) runs the
-// software-pipelined gptq_gemv_stream_kernel below by default; this classic kernel serves
-// M = 2..8 (and M = 1 when forced with kernel = 1).
+// software-pipelined gptq_gemv_stream_kernel below (packed-half math) by default; this
+// classic kernel serves M = 2..8 (and M = 1 when forced with kernel = 1).
 #pragma once
 
 #include "sm70_common.cuh"
+
+#ifndef __CUDACC_RTC__
+#include <atomic>
+#endif
 
 namespace sm70 {
 
@@ -189,8 +193,20 @@ __global__ void __launch_bounds__(kGemvWarps * 32, M == 1 ? 5 : 1)
 // 4.8 TB/s and ~1 us loaded latency); the 4-8K-row shapes give only 10-14 warps per SM, so
 // the bytes have to come from each warp rather than from more warps. x is prefetched with
 // the codes (it was loaded inside the math before, one dependent L1/L2 round trip per step).
-template <int R, int U>
-__global__ void __launch_bounds__(kGemvWarps * 32, U == 1 ? 4 : 3)
+// XS = true: x is staged once per block in dynamic shared memory (K * 2 bytes) instead of
+// being loaded with every chunk: 8 fewer registers per chunk in flight, which buys U = 2
+// (twice the code bytes in flight per warp) inside the 128 registers of 4 blocks per SM.
+// H2 = true: packed-half math. On the H200 the fp32 path is issue-bound before it is
+// memory-bound (ncu: 54 % of issue slots busy at 62 % of DRAM bandwidth; prmt + fsub + ffma
+// per weight byte plus the x conversions). Here two codes become one half2 (1024 + q)
+// with one prmt, one HFMA2 makes the exact (q - z) / 256 and one HFMA2 multiplies by x and
+// accumulates: about 2.2 instructions per byte instead of 3.3. The / 256 keeps each
+// product within |x| (exact power-of-two scaling), so a fp16 partial of 4 products cannot
+// overflow for |x| < 16384; the partials of each 16-code chunk go to the fp32
+// accumulator with the group scale (x 256). Rounding: one fp16 rounding per
+// product and per partial add, about 5e-4 relative per chunk, averaging out over K.
+template <int R, int U, bool XS = false, bool H2 = false>
+__global__ void __launch_bounds__(kGemvWarps * 32, (U == 1 || XS) ? 4 : 3)
     gptq_gemv_stream_kernel(const __half* __restrict__ x,     // [1, K]
                             const uint8_t* __restrict__ qw,   // [N, K]
                             const __half2* __restrict__ sz,   // [N, K / G]
@@ -203,6 +219,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32, U == 1 ? 4 : 3)
   const int kw = ksplit == 1 ? 0 : warp;
   const int n0 = (ksplit == 1 ? blockIdx.x * kGemvWarps + warp : blockIdx.x) * R;
   __shared__ float red[kGemvWarps][R];
+  extern __shared__ __align__(16) unsigned char gemv_dyn_smem[];
+  const uint4* xs = reinterpret_cast<const uint4*>(gemv_dyn_smem);
+  if constexpr (XS) {
+    const uint4* xg = reinterpret_cast<const uint4*>(x);
+    uint4* xd = reinterpret_cast<uint4*>(gemv_dyn_smem);
+    for (int i = threadIdx.x; i < (K >> 3); i += kGemvWarps * 32) xd[i] = __ldg(xg + i);
+    __syncthreads();
+  }
   if (ksplit == 1 && n0 >= N) return;
   const int nchunks = K >> 4;
   const int ngroups = K / group_size;
@@ -237,19 +261,63 @@ __global__ void __launch_bounds__(kGemvWarps * 32, U == 1 ? 4 : 3)
         for (int r = 0; r < R; ++r) st.w[u][r] = __ldg(wrow[r] + c);
 #pragma unroll
         for (int r = 0; r < R; ++r) st.s[u][r] = __ldg(srow[r] + c / cpg);
-        st.xv[u][0] = __ldg(x4 + 2 * c);
-        st.xv[u][1] = __ldg(x4 + 2 * c + 1);
+        if constexpr (!XS) {
+          st.xv[u][0] = __ldg(x4 + 2 * c);
+          st.xv[u][1] = __ldg(x4 + 2 * c + 1);
+        }
       }
     }
   };
   auto compute = [&](int c0, const Stage& st) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (c0 + u * cstride >= nchunks) continue;
+      const int c = c0 + u * cstride;
+      if (c >= nchunks) continue;
+      uint4 xv[2];
+      if constexpr (XS) {
+        xv[0] = xs[2 * c];
+        xv[1] = xs[2 * c + 1];
+      } else {
+        xv[0] = st.xv[u][0];
+        xv[1] = st.xv[u][1];
+      }
+      if constexpr (H2) {
+        const __half2* xh0 = reinterpret_cast<const __half2*>(&xv[0]);
+        const __half2* xh1 = reinterpret_cast<const __half2*>(&xv[1]);
+        const __half2 xh[8] = {xh0[0], xh0[1], xh0[2], xh0[3], xh1[0], xh1[1], xh1[2], xh1[3]};
+        const __half2 k256 = __float2half2_rn(0.00390625f);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          // -(1024 + z) / 256, exact: z <= 256 is an integer
+          const __half zn = __hmul(__hadd(__high2half(st.s[u][r]), __float2half(1024.f)),
+                                   __float2half(-0.00390625f));
+          const __half2 zz = __halves2half2(zn, zn);
+          const uint32_t wv[4] = {st.w[u][r].x, st.w[u][r].y, st.w[u][r].z, st.w[u][r].w};
+          __half2 pa[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const uint32_t lo = __byte_perm(wv[q], 0x64646464u, 0x5140);  // codes 0, 1
+            const uint32_t hi = __byte_perm(wv[q], 0x64646464u, 0x7362);  // codes 2, 3
+            const __half2 v0 = __hfma2(*reinterpret_cast<const __half2*>(&lo), k256, zz);
+            const __half2 v1 = __hfma2(*reinterpret_cast<const __half2*>(&hi), k256, zz);
+            if (q < 2) {
+              pa[2 * q] = __hmul2(v0, xh[2 * q]);
+              pa[2 * q + 1] = __hmul2(v1, xh[2 * q + 1]);
+            } else {
+              pa[2 * q - 4] = __hfma2(v0, xh[2 * q], pa[2 * q - 4]);
+              pa[2 * q - 3] = __hfma2(v1, xh[2 * q + 1], pa[2 * q - 3]);
+            }
+          }
+          const float2 f0 = __half22float2(__hadd2(pa[0], pa[1]));
+          const float2 f1 = __half22float2(__hadd2(pa[2], pa[3]));
+          acc[r] = fmaf(__low2float(st.s[u][r]) * 256.f, (f0.x + f0.y) + (f1.x + f1.y), acc[r]);
+        }
+        continue;
+      }
       float xf[16];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const __half2* xh = reinterpret_cast<const __half2*>(&st.xv[u][h]);
+        const __half2* xh = reinterpret_cast<const __half2*>(&xv[h]);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const float2 f = __half22float2(xh[j]);
@@ -312,6 +380,205 @@ __global__ void __launch_bounds__(kGemvWarps * 32, U == 1 ? 4 : 3)
 }
 
 constexpr int kGemvStreamRows = 4;
+// x staged in shared memory (kernels 6, 7) up to the default dynamic limit; longer K falls
+// back to the U = 1 kernel, which reads x from global memory.
+constexpr size_t kGemvMaxXsBytes = 48 * 1024;
+
+// Balanced persistent ("stream-K") M = 1 kernel. The streamed kernel above gives each warp
+// one row set and a fixed grid of N/16 blocks: on the H200 that is 0.85 waves for qkv and
+// 2.06 / 2.42 for gate_up / down, and a warp lives only ~10 pipeline steps: wave
+// quantisation and the pipeline ramp/tail were the suspects for its 55-63 % of DRAM peak
+// (ncu). Here the work is
+// cut into units = (row set of R rows, step of 32 x 16-byte chunks), and a grid of exactly
+// resident blocks hands every warp the same number of contiguous units (+-1): one ramp per
+// warp, no tail wave, and the pipeline runs straight across row-set boundaries.
+// Per-chunk math is the streamed kernel's (prmt magic numbers, two FMA chains per row,
+// fp32 accumulation); lanes past the K tail load zeros, which add exactly 0.
+// A row set split between warps is joined in fp32 through ws [N] (atomicAdd) and a
+// per-row-set step counter cnt: the warp whose steps complete the count writes y and
+// zeroes both again, so the workspace is zero before and after every launch (no memset
+// per call, graph-capturable). The order of the partial adds is not fixed, so a result can
+// differ from run to run in its last bit. A warp's partial first segment is joined only at
+// its end, with its last one, so the fences and counter round trip never stall the pipeline.
+// Measured on the H200 (docs/gemv_stream_k.md): S = 2 at 58-82 % of copy bandwidth on the
+// large shapes, level with the streamed kernel on gate_up / down (+-1 %), 4-20 % slower on
+// the other large shapes and 15-30 % on the small ones (N = 48, 5120 x 3072); the
+// join's L2 round trips at the end and the loss of the streamed grid's address locality
+// are the suspects. Selected only with kernel = 4 / 5 for now.
+// S = 2 fits 128 registers (4 blocks per SM) without spills; S = 3 spills a little at 128
+// and runs at 3 blocks per SM; R = 8, S = 2 spills at 128 and is not instantiated (ptxas,
+// sm_70 and sm_90).
+template <int R, int S>
+__global__ void __launch_bounds__(kGemvWarps * 32, S == 2 ? 4 : 3)
+    gptq_gemv_sk_kernel(const __half* __restrict__ x,     // [1, K]
+                        const uint8_t* __restrict__ qw,   // [N, K]
+                        const __half2* __restrict__ sz,   // [N, K / G]
+                        const __half* __restrict__ bias,  // [N] or nullptr
+                        __half* __restrict__ y,           // [1, N]
+                        int N, int K, int group_size,
+                        float* __restrict__ ws,           // [N], zero on entry and exit
+                        int* __restrict__ cnt) {          // [ceil(N / R)], same
+  static_assert(S >= 2, "the pipeline needs at least two stages");
+  static_assert((R & (R - 1)) == 0 && 2 * R <= 32, "R: a power of two, at most 16");
+  const int lane = threadIdx.x & 31;
+  const int nchunks = K >> 4;
+  const int nsteps = (nchunks + 31) >> 5;
+  const int ngroups = K / group_size;
+  const int cpg = group_size >> 4;  // chunks per group
+  const int units = (N + R - 1) / R * nsteps;
+  const long long nwarps = (long long)gridDim.x * kGemvWarps;
+  const long long gw = (long long)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  const int u_begin = (int)(gw * units / nwarps);
+  const int u_end = (int)((gw + 1) * units / nwarps);
+  if (u_begin >= u_end) return;  // more warps than units (small N * K)
+  const uint4* x4 = reinterpret_cast<const uint4*>(x);
+
+  struct Stage {
+    uint4 w[R];
+    __half2 s[R];
+    uint4 xv[2];
+  };
+  // Load cursor: row set lrs, chunk lc = step * 32 + lane, and lc's group lg with
+  // remainder lrem, advanced incrementally (no integer division per unit). Each load
+  // finds its rows from lrs, so the stages may hold units of different row sets.
+  const int q32 = 32 / cpg, r32 = 32 % cpg;  // one step in groups
+  int lrs = u_begin / nsteps;
+  int lc = (u_begin - lrs * nsteps) * 32 + lane;
+  int lg = lc / cpg, lrem = lc - lg * cpg;
+  auto load = [&](Stage& st) {
+    if (lc < nchunks) {
+      // 32-bit offsets (the launcher requires N * K < 2^32): fewer integer instructions
+      // per unit, which matters at ~300 instructions per 2 KB unit
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const unsigned n = min((unsigned)(lrs * R + r), (unsigned)(N - 1));  // clamp: N-1
+        st.w[r] = __ldg(reinterpret_cast<const uint4*>(qw + (n * (unsigned)K + 16u * lc)));
+        st.s[r] = __ldg(sz + (n * (unsigned)ngroups + lg));
+      }
+      st.xv[0] = __ldg(x4 + 2 * lc);
+      st.xv[1] = __ldg(x4 + 2 * lc + 1);
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        st.w[r] = make_uint4(0u, 0u, 0u, 0u);
+        st.s[r] = __floats2half2_rn(0.f, 0.f);
+      }
+      st.xv[0] = make_uint4(0u, 0u, 0u, 0u);
+      st.xv[1] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    lc += 32;
+    lg += q32;
+    lrem += r32;
+    if (lrem >= cpg) lrem -= cpg, ++lg;
+    if (lc - lane >= nsteps * 32) lc = lane, lg = lane / cpg, lrem = lane - lg * cpg, ++lrs;
+  };
+
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  auto compute = [&](const Stage& st) {
+    float xf[16];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2* xh = reinterpret_cast<const __half2*>(&st.xv[h]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(xh[j]);
+        xf[8 * h + 2 * j] = f.x;
+        xf[8 * h + 2 * j + 1] = f.y;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float zf = 8388608.f + __high2float(st.s[r]);
+      const uint32_t wv[4] = {st.w[r].x, st.w[r].y, st.w[r].z, st.w[r].w};
+      float p0 = 0.f, p1 = 0.f;  // two chains: half the dependent FMA latency
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        p0 = fmaf(xf[4 * q + 0], u8_magic<0>(wv[q]) - zf, p0);
+        p1 = fmaf(xf[4 * q + 1], u8_magic<1>(wv[q]) - zf, p1);
+        p0 = fmaf(xf[4 * q + 2], u8_magic<2>(wv[q]) - zf, p0);
+        p1 = fmaf(xf[4 * q + 3], u8_magic<3>(wv[q]) - zf, p1);
+      }
+      acc[r] = fmaf(__low2float(st.s[r]), p0 + p1, acc[r]);
+    }
+  };
+
+  // A warp's range has at most two partial segments: its first (the tail of a row set
+  // begun by the previous warp) and its last. The first one's sums wait in registers
+  // (lane r: row r) and both are joined after the last unit, when no load is in flight:
+  // the fences and the counter round trip would otherwise stall the pipeline mid-range.
+  float head_v = 0.f;
+  int head_rs = 0, head_steps = 0;
+  // Lanes 0..R-1 carry the head segment, lanes R..2R-1 the tail (steps == 0: none). Every
+  // partial goes into ws; the warp whose steps complete a row set's count writes y.
+  auto join = [&](float tail_v, int tail_rs, int tail_steps) {
+    const float tv = __shfl_sync(0xffffffffu, tail_v, (lane + 32 - R) & 31);
+    const bool is_head = lane < R;
+    const int e_rs = is_head ? head_rs : tail_rs;
+    const int e_steps = is_head ? head_steps : tail_steps;
+    const int n = e_rs * R + (lane & (R - 1));
+    const bool mine = lane < 2 * R && e_steps > 0 && n < N;
+    if (mine) atomicAdd(ws + n, is_head ? head_v : tv);
+    __threadfence();  // the partials are visible before the count says so
+    __syncwarp();
+    int seen = 0;
+    if ((lane == 0 || lane == R) && e_steps > 0) seen = atomicAdd(cnt + e_rs, e_steps);
+    seen = __shfl_sync(0xffffffffu, seen, is_head ? 0 : R);
+    const bool last = lane < 2 * R && e_steps > 0 && seen + e_steps == nsteps;
+    if (__any_sync(0xffffffffu, last)) __threadfence();
+    if (last && n < N) {
+      const float t = atomicExch(ws + n, 0.f);
+      y[n] = __float2half_rn(t + (bias != nullptr ? __half2float(bias[n]) : 0.f));
+    }
+    if (last && (lane & (R - 1)) == 0) atomicExch(cnt + e_rs, 0);
+  };
+  // End of a segment [s0, s1) of row set rs after unit u: a whole row set writes y now.
+  auto flush = [&](int rs, int s0, int s1, int u) {
+    float v = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float t = warp_sum(acc[r]);
+      acc[r] = 0.f;
+      if (lane == r) v = t;
+    }
+    if (s0 == 0 && s1 == nsteps) {
+      const int n = rs * R + lane;
+      if (lane < R && n < N)
+        y[n] = __float2half_rn(v + (bias != nullptr ? __half2float(bias[n]) : 0.f));
+      if (u + 1 == u_end && head_steps > 0) join(0.f, 0, 0);
+    } else if (u + 1 < u_end) {  // only the first segment can end early and be partial
+      head_v = v;
+      head_rs = rs;
+      head_steps = s1 - s0;
+    } else {
+      join(v, rs, s1 - s0);
+    }
+  };
+
+  // S-stage register pipeline: unit v lives in stage (v - u_begin) % S; the load of unit
+  // u + j + S - 1 is issued before unit u + j is computed. Conditions are warp-uniform.
+  Stage st[S];
+  int crs = lrs, cstep = lc >> 5, seg0 = cstep;  // unit being computed, its segment's start
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i)
+    if (u_begin + i < u_end) load(st[i]);
+  for (int u = u_begin; u < u_end; u += S) {
+#pragma unroll
+    for (int j = 0; j < S; ++j) {
+      if (u + j + S - 1 < u_end) load(st[(j + S - 1) % S]);
+      if (u + j < u_end) {
+        compute(st[j]);
+        if (++cstep == nsteps || u + j + 1 == u_end) {
+          flush(crs, seg0, cstep, u + j);
+          ++crs;
+          cstep = 0;
+          seg0 = 0;
+        }
+      }
+    }
+  }
+}
 
 #ifndef __CUDACC_RTC__
 // Host-side launch helpers (nvcc only). Requirements checked by the caller:
@@ -339,8 +606,11 @@ inline int gptq_gemv_blocks(int N, int rows, int ksplit) {
   return ksplit == 1 ? (row_sets + kGemvWarps - 1) / kGemvWarps : row_sets;
 }
 
-// kernel: 0 auto (streamed U = 1 for M = 1, the classic kernel otherwise), 1 classic,
-// 2 streamed U = 1, 3 streamed U = 2 (2 and 3 need M = 1; the caller checks). U = 2 was
+// kernel: 0 auto (streamed U = 1 with packed-half math, i.e. 8, for M = 1; the classic
+// kernel otherwise), 1 classic,
+// 2 streamed U = 1, 3 streamed U = 2, 6 streamed U = 2 with x in shared memory, 7 the same
+// with 8 rows per warp and U = 1, 8 / 9 streamed U = 1 / 2 with packed-half math (2, 3,
+// 6-9 need M = 1; the caller checks). U = 2 was
 // slower than U = 1 on every shape on the H200 (165 registers: 3 blocks per SM, not 4).
 template <int M>
 inline void launch_gptq_gemv(const __half* x, const uint8_t* qw, const __half2* sz,
@@ -351,7 +621,25 @@ inline void launch_gptq_gemv(const __half* x, const uint8_t* qw, const __half2* 
       constexpr int R = kGemvStreamRows;
       const int ks = gptq_gemv_stream_ksplit(N, K, R, sm_count);
       const int blocks = gptq_gemv_blocks(N, R, ks);
-      if (kernel != 3) {
+      const size_t xs_bytes = (size_t)K * 2;
+      if (kernel == 0 || kernel == 8) {  // the M = 1 default: fastest on every H200 shape
+        gptq_gemv_stream_kernel<R, 1, false, true><<<blocks, kGemvWarps * 32, 0, stream>>>(
+            x, qw, sz, bias, y, N, K, group_size, ks);
+      } else if (kernel == 9) {
+        gptq_gemv_stream_kernel<R, 2, false, true><<<blocks, kGemvWarps * 32, 0, stream>>>(
+            x, qw, sz, bias, y, N, K, group_size, ks);
+      } else if ((kernel == 6 || kernel == 7) && xs_bytes <= kGemvMaxXsBytes) {
+        if (kernel == 6) {
+          gptq_gemv_stream_kernel<R, 2, true><<<blocks, kGemvWarps * 32, xs_bytes, stream>>>(
+              x, qw, sz, bias, y, N, K, group_size, ks);
+        } else {
+          constexpr int R8 = 2 * kGemvStreamRows;
+          const int ks8 = gptq_gemv_stream_ksplit(N, K, R8, sm_count);
+          gptq_gemv_stream_kernel<R8, 1, true>
+              <<<gptq_gemv_blocks(N, R8, ks8), kGemvWarps * 32, xs_bytes, stream>>>(
+                  x, qw, sz, bias, y, N, K, group_size, ks8);
+        }
+      } else if (kernel != 3) {
         gptq_gemv_stream_kernel<R, 1><<<blocks, kGemvWarps * 32, 0, stream>>>(
             x, qw, sz, bias, y, N, K, group_size, ks);
       } else {
@@ -365,6 +653,68 @@ inline void launch_gptq_gemv(const __half* x, const uint8_t* qw, const __half2* 
   const int ks = gptq_gemv_ksplit(N, R, sm_count);
   gptq_gemv_kernel<M, R><<<gptq_gemv_blocks(N, R, ks), kGemvWarps * 32, 0, stream>>>(
       x, qw, sz, bias, y, N, K, group_size, ks);
+}
+
+// ---- stream-K (M = 1): kernel 4 = R 4, S 2; kernel 5 = R 4, S 3.
+// Workspace: N floats (partial sums) then one int per row set, zero-filled once by the
+// caller and kept per stream (launches on one stream are ordered; two streams need two).
+// Sized for R = 4, the smallest R, so one buffer serves every stream-K kernel.
+inline size_t gptq_gemv_sk_workspace_ints(int N) {
+  return (size_t)N + (size_t)((N + kGemvStreamRows - 1) / kGemvStreamRows);
+}
+
+// The stream-K kernels address rows with 32-bit offsets.
+inline bool gptq_gemv_sk_fits(long long N, long long K) { return N * K < (1ll << 32); }
+
+inline int gptq_gemv_sk_units(int N, int K, int rows) {
+  return (N + rows - 1) / rows * (((K >> 4) + 31) >> 5);
+}
+
+// Persistent grid: every resident block, or fewer when there are not 4 units per block.
+inline int gptq_gemv_sk_grid(int units, int sm_count, int blocks_per_sm) {
+  const int need = (units + kGemvWarps - 1) / kGemvWarps;
+  const int cap = sm_count * blocks_per_sm;
+  return need < cap ? (need > 0 ? need : 1) : (cap > 0 ? cap : 1);
+}
+
+constexpr int kGemvMaxDevices = 64;
+
+template <int R, int S>
+inline cudaError_t launch_gptq_gemv_sk_rs(const __half* x, const uint8_t* qw, const __half2* sz,
+                                          const __half* bias, __half* y, int N, int K,
+                                          int group_size, int* workspace, int device,
+                                          int sm_count, cudaStream_t stream) {
+  // resident blocks per SM of this instantiation, queried once per device (a driver call);
+  // zero = not yet known (static storage starts zeroed)
+  static std::atomic<int> resident[kGemvMaxDevices];
+  const bool cached = device >= 0 && device < kGemvMaxDevices;
+  int bps = cached ? resident[device].load(std::memory_order_relaxed) : 0;
+  if (bps == 0) {
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &bps, gptq_gemv_sk_kernel<R, S>, kGemvWarps * 32, 0);
+    if (e != cudaSuccess) return e;
+    if (bps < 1) bps = 1;
+    if (cached) resident[device].store(bps, std::memory_order_relaxed);
+  }
+  const int grid = gptq_gemv_sk_grid(gptq_gemv_sk_units(N, K, R), sm_count, bps);
+  gptq_gemv_sk_kernel<R, S><<<grid, kGemvWarps * 32, 0, stream>>>(
+      x, qw, sz, bias, y, N, K, group_size, reinterpret_cast<float*>(workspace),
+      workspace + N);
+  return cudaSuccess;
+}
+
+// Same requirements as launch_gptq_gemv, plus N >= 1, K >= 16, N * K < 2^32 (see
+// gptq_gemv_sk_fits) and a zeroed workspace of gptq_gemv_sk_workspace_ints(N) ints.
+// Returns the occupancy query's error, if any.
+inline cudaError_t launch_gptq_gemv_sk(int kernel, const __half* x, const uint8_t* qw,
+                                       const __half2* sz, const __half* bias, __half* y, int N,
+                                       int K, int group_size, int* workspace, int device,
+                                       int sm_count, cudaStream_t stream) {
+  if (kernel == 5)
+    return launch_gptq_gemv_sk_rs<4, 3>(x, qw, sz, bias, y, N, K, group_size, workspace,
+                                        device, sm_count, stream);
+  return launch_gptq_gemv_sk_rs<4, 2>(x, qw, sz, bias, y, N, K, group_size, workspace, device,
+                                      sm_count, stream);
 }
 #endif
 

@@ -20,13 +20,19 @@
 namespace sm70 {
 
 constexpr int kPdHeadDim = 256;
-constexpr int kPdTile = 32;       // tokens per tile
-constexpr int kPdRows = 32;       // padded query rows per block (4 quad pairs x 8)
-constexpr int kPdWarps = 4;       // 128 threads
-constexpr int kPdQPitch = kPdHeadDim + 4;  // halves; conflict-free 8-byte fragment reads
-constexpr int kPdKvPitch = kPdHeadDim + 16;  // bytes; 16-byte aligned rows
-constexpr int kPdPPitch = kPdTile + 4;       // halves
-constexpr int kPdSPitch = kPdTile + 1;       // floats
+constexpr int kPdTile = 32;   // tokens per tile
+constexpr int kPdRows = 32;   // padded query rows per block (4 quad pairs x 8)
+constexpr int kPdWarps = 4;   // 128 threads; warp w owns head dims 64w .. 64w+63
+constexpr int kPdVPitch = kPdHeadDim + 16;  // bytes (68 words): conflict-free V fragment reads
+constexpr int kPdSPitch = kPdTile + 4;      // floats; 16-byte aligned rows
+constexpr int kPdPPitch = kPdTile + 4;      // halves
+// K rows: the Volta fragment reads 16 bytes from 8 different token rows per quarter warp
+// (pitch 68 words spreads them over the banks); the m16n8k16 reads take 64 contiguous bytes
+// from 2 rows per quarter warp (pitch 80 words puts the two rows on disjoint halves).
+template <bool NATIVE>
+struct PdKPitch {
+  static constexpr int value = NATIVE ? kPdHeadDim + 64 : kPdHeadDim + 16;
+};
 
 struct PagedDecodeParams {
   const __half* q;          // [B*QN, Hq, D], token stride q_tok_stride (elements)
@@ -48,32 +54,63 @@ struct PagedDecodeParams {
   float scale_log2;  // softmax scale * log2(e)
 };
 
-// Scaled score of (row, token-in-tile) or -inf where the token is past the split, past
-// the context, or in the row's causal future (row r of QN may see keys <= ctx - QN + r%QN).
-template <int G, int QN>
-__device__ __forceinline__ void store_score_impl(float* ss, const float* ksc, int row, int tl,
-                                                 int t0, int t_end, int ctx, float scale_log2,
-                                                 float acc) {
-  constexpr int R = G * QN;
-  const int t = t0 + tl;
-  const int limit = ctx - QN + (row % QN);
-  const bool ok = row < R && t < t_end && t <= limit;
-  ss[row * kPdSPitch + tl] = ok ? acc * ksc[tl] * scale_log2 : kNegInf;
+// K and V bytes are stored in shared memory with the sign bit flipped (u = q + 128), so two
+// codes become a half2 of 1024 + u with one prmt. For K that biased value goes straight
+// into QK^T and the offset comes out once per row (1152 * sum(Q), an exact fp32 sum of the
+// same fp16 Q values): the sums are only 16-64 products long, so the offset costs nothing
+// in precision. For V the exact q is restored (one HSUB2 per pair) before PV: there the
+// fp32 accumulators run over thousands of tokens per split and the tensor cores' truncating
+// accumulation turned the 1152 offset into a 7 % output error at 262K (H200, m16n8k16).
+constexpr float kPdBias = 1152.f;
+constexpr uint32_t kPdSignFlip = 0x80808080u;
+__device__ __forceinline__ void u8x4_biased(uint32_t w, uint32_t (&h)[2]) {
+  h[0] = __byte_perm(w, 0x64646464u, 0x5140);  // bytes 0, 1
+  h[1] = __byte_perm(w, 0x64646464u, 0x7362);  // bytes 2, 3
+}
+__device__ __forceinline__ uint32_t pd_unbias(uint32_t h) {  // half2 (1024 + u) -> exact q
+  const __half2 b = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+  const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&h), b);
+  return *reinterpret_cast<const uint32_t*>(&r);
 }
 
+// Query row r of the block (r < G*QN) as a pointer to its 256 halves.
+template <int G, int QN>
+__device__ __forceinline__ const __half* pd_qrow(const PagedDecodeParams& p, int b, int kvh,
+                                                 int r) {
+  return p.q + (int64_t)(b * QN + r % QN) * p.q_tok_stride + (int64_t)(kvh * G + r / QN) *
+                                                                     kPdHeadDim;
+}
+
+// Each warp computes the scores of all 32 tokens of a tile over its own 64 head dims, with
+// its slice of Q held in registers for the whole kernel (Q used to be re-read from shared
+// memory for every 8 tokens: 2 KB of shared-memory traffic per token, the kernel's
+// bottleneck on the H200). The four partial score tiles meet in shared memory, where the
+// softmax threads add them. PV keeps the same split: warp w accumulates O for its 64 dims.
+// Resident blocks per SM the register budget is capped for. V100: 2 (38 KB of static
+// shared memory per block, 96 KB per SM). H200 m16n8k16: 4 with one row tile (QN <= 2),
+// 3 with two (QN = 4; QN = 3 spills at 168 registers, so 2); the split count should fill
+// exactly those slots (one wave): the launcher's caller asks the driver
+// (torch.ops.sm70.paged_decode_blocks_per_sm).
 template <int G, int QN, bool NATIVE>
-__global__ void __launch_bounds__(kPdWarps * 32)
+struct PdMinBlocks {
+  static constexpr int value = !NATIVE ? 2 : (G * QN <= 16 ? 4 : (QN == 3 ? 2 : 3));
+};
+
+template <int G, int QN, bool NATIVE>
+__global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::value))
     paged_decode_kernel(const PagedDecodeParams p) {
   constexpr int D = kPdHeadDim;
   constexpr int R = G * QN;
+  constexpr int KP = PdKPitch<NATIVE>::value;
+  constexpr int MT = (R + 15) / 16;  // m16 row tiles the m16n8k16 path needs
   static_assert(R <= kPdRows, "at most 32 query rows per KV head");
-  __shared__ __align__(16) __half qs[kPdRows * kPdQPitch];
-  __shared__ __align__(16) int8_t ks[kPdTile * kPdKvPitch];
-  __shared__ __align__(16) int8_t vs[kPdTile * kPdKvPitch];
-  __shared__ float ss[kPdRows * kPdSPitch];
+  __shared__ __align__(16) int8_t ks[kPdTile * KP];
+  __shared__ __align__(16) int8_t vs[kPdTile * kPdVPitch];
+  __shared__ __align__(16) float ssp[kPdWarps][kPdRows * kPdSPitch];  // partial scores
   __shared__ __align__(8) __half ps[kPdRows * kPdPPitch];
   __shared__ float ksc[kPdTile], vsc[kPdTile];
   __shared__ float row_m[kPdRows], row_l[kPdRows], row_a[kPdRows];
+  __shared__ float qpart[kPdWarps][kPdRows];  // per-warp sums of the Q slice, per row
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -87,20 +124,8 @@ __global__ void __launch_bounds__(kPdWarps * 32)
   const int per_split = (per_split_raw + kPdTile - 1) / kPdTile * kPdTile;
   const int t_begin = split * per_split;
   const int t_end = min(ctx, t_begin + per_split);
+  const int dbase = 64 * warp;  // this warp's head dims
 
-  // Q rows into shared memory (rows >= R are zero), 8 bytes per store
-  for (int i = tid; i < kPdRows * (D / 4); i += kPdWarps * 32) {
-    const int r = i / (D / 4);
-    const int c = (i % (D / 4)) * 4;
-    uint2 val = make_uint2(0u, 0u);
-    if (r < R) {
-      const int g = r / QN, qi = r % QN;
-      const __half* src = p.q + (int64_t)(b * QN + qi) * p.q_tok_stride +
-                          (int64_t)(kvh * G + g) * D + c;
-      val = *reinterpret_cast<const uint2*>(src);
-    }
-    *reinterpret_cast<uint2*>(&qs[r * kPdQPitch + c]) = val;
-  }
   if (tid < kPdRows) {
     row_m[tid] = kNegInf;
     row_l[tid] = 0.f;
@@ -108,13 +133,91 @@ __global__ void __launch_bounds__(kPdWarps * 32)
   }
 
   const int gq = lane >> 2, t4 = lane & 3;  // m16n8k16 fragment coordinates
-  const int qp = (lane >> 2) & 3;  // quad pair = row block
+  const int qp = (lane >> 2) & 3;           // m8n8k4 quad pair = row block
   const int hi = lane >> 4;
   const int l4 = lane & 3;
-  const int arow = qp * 8 + l4 + 4 * hi;  // A fragment row
-  const int bcol = l4 + 4 * hi;           // B fragment column (token in the warp's 8)
+  const int arow = qp * 8 + l4 + 4 * hi;  // m8n8k4 A fragment row
+  const int bcol = l4 + 4 * hi;           // m8n8k4 B fragment column (token in 8)
 
-  float oacc[8][8];  // 8 column blocks of 8 dims: the warp owns dims 64*warp .. +63
+  // Q slice in registers. m8n8k4: row arow, dims dbase + 4kk .. +3 (kk = 0..15).
+  // m16n8k16: the reduction order over the warp's 64 dims is free, so lane t's four k
+  // values of step s are the contiguous dims dbase + 16t + 4s .. +3, which makes its K
+  // fragments for all four steps one 16-byte shared-memory read.
+  constexpr int QREGS = NATIVE ? MT * 16 : 32;
+  uint32_t qa[QREGS];
+  if constexpr (!NATIVE) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (arow < R) v = *reinterpret_cast<const uint4*>(pd_qrow<G, QN>(p, b, kvh, arow) + dbase + 8 * j);
+      qa[4 * j + 0] = v.x;
+      qa[4 * j + 1] = v.y;
+      qa[4 * j + 2] = v.z;
+      qa[4 * j + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      uint32_t w[2][8];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * mt + gq + 8 * h;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          uint4 v = make_uint4(0u, 0u, 0u, 0u);
+          if (r < R)
+            v = *reinterpret_cast<const uint4*>(pd_qrow<G, QN>(p, b, kvh, r) + dbase + 16 * t4 + 8 * j);
+          w[h][4 * j + 0] = v.x;
+          w[h][4 * j + 1] = v.y;
+          w[h][4 * j + 2] = v.z;
+          w[h][4 * j + 3] = v.w;
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        qa[16 * mt + 4 * s + 0] = w[0][2 * s];      // row g,   dims 4s, 4s+1
+        qa[16 * mt + 4 * s + 1] = w[1][2 * s];      // row g+8
+        qa[16 * mt + 4 * s + 2] = w[0][2 * s + 1];  // row g,   dims 4s+2, 4s+3
+        qa[16 * mt + 4 * s + 3] = w[1][2 * s + 1];
+      }
+    }
+  }
+
+  // per-row sums of this warp's Q slice (fp32 over the fp16 values), for the K offset
+  auto h2sum = [](uint32_t w) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+    return f.x + f.y;
+  };
+  if constexpr (!NATIVE) {
+    float qs_ = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) qs_ += h2sum(qa[i]);
+    qpart[warp][arow] = qs_;  // one lane per row
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+      for (int st = 0; st < 4; ++st) {
+        s0 += h2sum(qa[16 * mt + 4 * st]) + h2sum(qa[16 * mt + 4 * st + 2]);
+        s1 += h2sum(qa[16 * mt + 4 * st + 1]) + h2sum(qa[16 * mt + 4 * st + 3]);
+      }
+      s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+      s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+      if (t4 == 0) {
+        qpart[warp][16 * mt + gq] = s0;
+        qpart[warp][16 * mt + gq + 8] = s1;
+      }
+    }
+    if (MT == 1 && t4 == 0) {  // rows 16..31 hold no query: keep their sums defined
+      qpart[warp][16 + gq] = 0.f;
+      qpart[warp][24 + gq] = 0.f;
+    }
+  }
+
+  float oacc[8][8];  // the warp's O slice: 32 x 64 (m8n8k4) or MT x 16 x 64 (m16n8k16)
 #pragma unroll
   for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
@@ -125,9 +228,22 @@ __global__ void __launch_bounds__(kPdWarps * 32)
   const int ld_piece = tid & 15;
   const int64_t head_off = (int64_t)kvh * p.block_size;
   const int* bt = p.block_tables + (int64_t)b * p.bt_stride;
-  auto store_score = [&](float* s_, const float* k_, int row, int tl, int t0_, int te_, int c_,
-                         float sc_, float acc) {
-    store_score_impl<G, QN>(s_, k_, row, tl, t0_, te_, c_, sc_, acc);
+
+  // token -> (block, offset) without an integer division per token (about 20 instructions
+  // each, 5 per thread per tile): a float reciprocal, exact after one correction step
+  const int bsz = p.block_size;
+  const float inv_bs = 1.f / (float)bsz;
+  auto cache_row = [&](int t) -> int64_t {
+    int blk_i = __float2int_rz((float)t * inv_bs);
+    int off = t - blk_i * bsz;
+    if (off < 0) {
+      --blk_i;
+      off += bsz;
+    } else if (off >= bsz) {
+      ++blk_i;
+      off -= bsz;
+    }
+    return (int64_t)bt[blk_i] * Hkv * bsz + head_off + off;
   };
 
   uint4 kreg[kPdTile / 8], vreg[kPdTile / 8];
@@ -137,8 +253,7 @@ __global__ void __launch_bounds__(kPdWarps * 32)
     for (int j = 0; j < kPdTile / 8; ++j) {
       const int t = t0 + ld_tok + 8 * j;
       if (t < t_end) {
-        const int blk = bt[t / p.block_size];
-        const int64_t rowi = ((int64_t)blk * Hkv * p.block_size + head_off + t % p.block_size);
+        const int64_t rowi = cache_row(t);
         kreg[j] = __ldg(reinterpret_cast<const uint4*>(p.k_cache + rowi * D) + ld_piece);
         vreg[j] = __ldg(reinterpret_cast<const uint4*>(p.v_cache + rowi * D) + ld_piece);
       } else {
@@ -149,8 +264,7 @@ __global__ void __launch_bounds__(kPdWarps * 32)
     if (tid < kPdTile) {
       const int t = t0 + tid;
       if (t < t_end) {
-        const int blk = bt[t / p.block_size];
-        const int64_t rowi = ((int64_t)blk * Hkv * p.block_size + head_off + t % p.block_size);
+        const int64_t rowi = cache_row(t);
         kscr = __ldg(p.k_scale + rowi);
         vscr = __ldg(p.v_scale + rowi);
       } else {
@@ -162,12 +276,17 @@ __global__ void __launch_bounds__(kPdWarps * 32)
 
   if (t_begin < t_end) load_tile(t_begin);
 
+  float* my_s = ssp[warp];
   for (int t0 = t_begin; t0 < t_end; t0 += kPdTile) {
-    __syncthreads();  // previous tile's readers are done (and Q/row state are visible)
+    __syncthreads();  // the previous tile's readers of ks / vs / ps are done
 #pragma unroll
     for (int j = 0; j < kPdTile / 8; ++j) {
-      *reinterpret_cast<uint4*>(&ks[(ld_tok + 8 * j) * kPdKvPitch + ld_piece * 16]) = kreg[j];
-      *reinterpret_cast<uint4*>(&vs[(ld_tok + 8 * j) * kPdKvPitch + ld_piece * 16]) = vreg[j];
+      const uint4 kf = make_uint4(kreg[j].x ^ kPdSignFlip, kreg[j].y ^ kPdSignFlip,
+                                  kreg[j].z ^ kPdSignFlip, kreg[j].w ^ kPdSignFlip);
+      const uint4 vf = make_uint4(vreg[j].x ^ kPdSignFlip, vreg[j].y ^ kPdSignFlip,
+                                  vreg[j].z ^ kPdSignFlip, vreg[j].w ^ kPdSignFlip);
+      *reinterpret_cast<uint4*>(&ks[(ld_tok + 8 * j) * KP + ld_piece * 16]) = kf;
+      *reinterpret_cast<uint4*>(&vs[(ld_tok + 8 * j) * kPdVPitch + ld_piece * 16]) = vf;
     }
     if (tid < kPdTile) {
       ksc[tid] = kscr;
@@ -177,68 +296,92 @@ __global__ void __launch_bounds__(kPdWarps * 32)
     // next tile's loads fly while this one is computed
     if (t0 + kPdTile < t_end) load_tile(t0 + kPdTile);
 
-    // S = Q K^T for tokens 8*warp .. +7, all 32 rows
+    // partial S = Q K^T over this warp's 64 dims, all 32 tokens, unscaled
     if constexpr (!NATIVE) {
-      float sacc[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) sacc[i] = 0.f;
-      const __half* qrow = &qs[arow * kPdQPitch];
-      const int8_t* krow = &ks[(8 * warp + bcol) * kPdKvPitch];
-#pragma unroll 16
-      for (int kk = 0; kk < D / 4; ++kk) {
-        const uint2 a2 = *reinterpret_cast<const uint2*>(qrow + 4 * kk);
-        const uint32_t a[2] = {a2.x, a2.y};
-        uint32_t bb[2];
-        s8x4_to_half2x2(*reinterpret_cast<const uint32_t*>(krow + 4 * kk), bb);
-        mma_m8n8k4(sacc, a, bb);
-      }
+      for (int nt = 0; nt < 4; ++nt) {
+        float sacc[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int row = qp * 8 + (lane & 1) + (i & 2) + 4 * hi;
-        const int col = (i & 4) + (lane & 2) + (i & 1);
-        store_score(ss, ksc, row, 8 * warp + col, t0, t_end, ctx, p.scale_log2, sacc[i]);
-      }
-    } else {
-      float sacc[2][4];
+        for (int i = 0; i < 8; ++i) sacc[i] = 0.f;
+        const int8_t* krow = &ks[(8 * nt + bcol) * KP + dbase];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+        for (int kq = 0; kq < 4; ++kq) {
+          const uint4 kv = *reinterpret_cast<const uint4*>(krow + 16 * kq);
+          const uint32_t kw[4] = {kv.x, kv.y, kv.z, kv.w};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) sacc[mt][j] = 0.f;
-      const int8_t* krow = &ks[(8 * warp + gq) * kPdKvPitch + 2 * t4];
-#pragma unroll 4
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t lo = *reinterpret_cast<const uint16_t*>(krow + 16 * kk);
-        const uint32_t hh = *reinterpret_cast<const uint16_t*>(krow + 16 * kk + 8);
-        uint32_t bb[2];
-        s8x4_to_half2x2(lo | (hh << 16), bb);
+          for (int e = 0; e < 4; ++e) {
+            const int kk = 4 * kq + e;
+            const uint32_t a[2] = {qa[2 * kk], qa[2 * kk + 1]};
+            uint32_t bb[2];
+            u8x4_biased(kw[e], bb);
+            mma_m8n8k4(sacc, a, bb);
+          }
+        }
+        // C: row qp*8 + (lane&1) + (i&2) + 4hi, col (i&4) + (lane&2) + (i&1)
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          const __half* q0 = &qs[(16 * mt + gq) * kPdQPitch + 16 * kk + 2 * t4];
-          const uint32_t a[4] = {*reinterpret_cast<const uint32_t*>(q0),
-                                 *reinterpret_cast<const uint32_t*>(q0 + 8 * kPdQPitch),
-                                 *reinterpret_cast<const uint32_t*>(q0 + 8),
-                                 *reinterpret_cast<const uint32_t*>(q0 + 8 * kPdQPitch + 8)};
-          mma_m16n8k16(sacc[mt], a, bb);
+        for (int i = 0; i < 8; i += 2) {
+          const int row = qp * 8 + (lane & 1) + (i & 2) + 4 * hi;
+          const int col = 8 * nt + (i & 4) + (lane & 2);
+          *reinterpret_cast<float2*>(&my_s[row * kPdSPitch + col]) = make_float2(sacc[i], sacc[i + 1]);
         }
       }
+    } else {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int nt = 0; nt < 4; ++nt) {
+        const uint4 kv = *reinterpret_cast<const uint4*>(&ks[(8 * nt + gq) * KP + dbase + 16 * t4]);
+        const uint32_t kw[4] = {kv.x, kv.y, kv.z, kv.w};
+        float sacc[MT][4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          store_score(ss, ksc, 16 * mt + gq + 8 * (j >> 1), 8 * warp + 2 * t4 + (j & 1), t0,
-                      t_end, ctx, p.scale_log2, sacc[mt][j]);
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) sacc[mt][j] = 0.f;
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          uint32_t bb[2];
+          u8x4_biased(kw[s], bb);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const uint32_t a[4] = {qa[16 * mt + 4 * s], qa[16 * mt + 4 * s + 1],
+                                   qa[16 * mt + 4 * s + 2], qa[16 * mt + 4 * s + 3]};
+            mma_m16n8k16(sacc[mt], a, bb);
+          }
+        }
+        // C: c0, c1 row g, cols 2t, 2t+1; c2, c3 row g+8
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float2*>(&my_s[(16 * mt + gq + 8 * h) * kPdSPitch + 8 * nt + 2 * t4]) =
+                make_float2(sacc[mt][2 * h], sacc[mt][2 * h + 1]);
+      }
     }
     __syncthreads();
 
-    // online softmax: 4 threads per row, 8 tokens each
+    // online softmax: 4 threads per row, 8 tokens each; the 4 warps' partials are summed
+    // here, then scaled by the token's K scale and masked: past the split, past the context
+    // or in the row's causal future (row r of QN may see keys <= ctx - QN + r % QN)
     {
       const int row = tid >> 2;
       const int sub = tid & 3;
+      // every lane runs the shuffles; rows >= R are masked to -inf (their partials are
+      // padding or, on the m16n8k16 path with MT = 1, never written)
       float sv[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sv[j] = 0.f;
+#pragma unroll
+      for (int w = 0; w < kPdWarps; ++w) {
+        const float4 x0 = *reinterpret_cast<const float4*>(&ssp[w][row * kPdSPitch + sub * 8]);
+        const float4 x1 = *reinterpret_cast<const float4*>(&ssp[w][row * kPdSPitch + sub * 8 + 4]);
+        sv[0] += x0.x; sv[1] += x0.y; sv[2] += x0.z; sv[3] += x0.w;
+        sv[4] += x1.x; sv[5] += x1.y; sv[6] += x1.z; sv[7] += x1.w;
+      }
+      const int limit = row < R ? min(t_end - 1, ctx - QN + (row % QN)) : -1;
+      const float qoff = kPdBias * (qpart[0][row] + qpart[1][row] + qpart[2][row] + qpart[3][row]);
       float mx = kNegInf;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        sv[j] = ss[row * kPdSPitch + sub * 8 + j];
+        const int tl = sub * 8 + j;
+        sv[j] = t0 + tl <= limit ? (sv[j] - qoff) * ksc[tl] * p.scale_log2 : kNegInf;
         mx = fmaxf(mx, sv[j]);
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -248,15 +391,18 @@ __global__ void __launch_bounds__(kPdWarps * 32)
       const float m_use = m_new == kNegInf ? 0.f : m_new;
       const float alpha = exp2f(m_old - m_use);
       float sum = 0.f;
+      uint32_t pw[4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float e = exp2f(sv[j] - m_use);
-        sum += e;
-        ps[row * kPdPPitch + sub * 8 + j] = __float2half_rn(e * vsc[sub * 8 + j]);
+      for (int j = 0; j < 8; j += 2) {
+        const float e0 = exp2f(sv[j] - m_use), e1 = exp2f(sv[j + 1] - m_use);
+        sum += e0 + e1;
+        const __half2 h = __floats2half2_rn(e0 * vsc[sub * 8 + j], e1 * vsc[sub * 8 + j + 1]);
+        pw[j / 2] = *reinterpret_cast<const uint32_t*>(&h);
       }
+      *reinterpret_cast<uint2*>(&ps[row * kPdPPitch + sub * 8]) = make_uint2(pw[0], pw[1]);
+      *reinterpret_cast<uint2*>(&ps[row * kPdPPitch + sub * 8 + 4]) = make_uint2(pw[2], pw[3]);
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      __syncwarp();
       if (sub == 0) {
         row_l[row] = row_l[row] * alpha + sum;
         row_m[row] = m_new;
@@ -269,57 +415,77 @@ __global__ void __launch_bounds__(kPdWarps * 32)
     if constexpr (!NATIVE) {
       const int r0 = qp * 8 + (lane & 1) + 4 * hi;
       const float a0 = row_a[r0], a1 = row_a[r0 + 2];
+      // once the running maxima settle, alpha is 1 for every row: skip the 64 multiplies
+      if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb)
+        for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) oacc[nb][i] *= (i & 2) ? a1 : a0;
+          for (int i = 0; i < 8; ++i) oacc[nb][i] *= (i & 2) ? a1 : a0;
+      }
       const __half* prow = &ps[arow * kPdPPitch];
 #pragma unroll
       for (int kk = 0; kk < kPdTile / 4; ++kk) {
         const uint2 a2 = *reinterpret_cast<const uint2*>(prow + 4 * kk);
         const uint32_t a[2] = {a2.x, a2.y};
-        const int8_t* vrow = &vs[(4 * kk + l4) * kPdKvPitch + 64 * warp + 4 * hi];
+        const int8_t* vrow = &vs[(4 * kk + l4) * kPdVPitch + dbase + 4 * hi];
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb) {
           uint32_t bb[2];
-          s8x4_to_half2x2(*reinterpret_cast<const uint32_t*>(vrow + 8 * nb), bb);
+          u8x4_biased(*reinterpret_cast<const uint32_t*>(vrow + 8 * nb), bb);
+          bb[0] = pd_unbias(bb[0]);
+          bb[1] = pd_unbias(bb[1]);
           mma_m8n8k4_rr(oacc[nb], a, bb);
         }
       }
     } else {
-      // oacc[nt][4 * mt + j]: row 16 mt + g + 8 (j >> 1), dim 64 warp + 8 nt + 2 t + (j & 1)
-      float al[4];
+      // n-tile nt = 4h + jj, fragment column c -> head dim dbase + 32h + 4c + jj, so one
+      // 4-byte V read (4 dims of one token) feeds 4 n-tiles: 8 reads per 16 tokens instead
+      // of 32 single bytes. oacc[nt][4 mt + j]: row 16 mt + g + 8 (j >> 1), column 2t + (j & 1)
+      float al[2 * MT];
+      bool rescale = false;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) al[q] = row_a[8 * q + gq];
+      for (int q = 0; q < 2 * MT; ++q) {
+        al[q] = row_a[8 * q + gq];
+        rescale |= al[q] != 1.f;
+      }
+      if (__any_sync(0xffffffffu, rescale)) {  // alpha is 1 once the maxima settle
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+        for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) oacc[nt][i] *= al[i >> 1];
+          for (int i = 0; i < 4 * MT; ++i) oacc[nt][i] *= al[i >> 1];
+      }
 #pragma unroll
       for (int kk = 0; kk < kPdTile / 16; ++kk) {
-        uint32_t a[2][4];
+        uint32_t a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < MT; ++mt) {
           const __half* p0 = &ps[(16 * mt + gq) * kPdPPitch + 16 * kk + 2 * t4];
           a[mt][0] = *reinterpret_cast<const uint32_t*>(p0);
           a[mt][1] = *reinterpret_cast<const uint32_t*>(p0 + 8 * kPdPPitch);
           a[mt][2] = *reinterpret_cast<const uint32_t*>(p0 + 8);
           a[mt][3] = *reinterpret_cast<const uint32_t*>(p0 + 8 * kPdPPitch + 8);
         }
-        const uint8_t* v0 =
-            reinterpret_cast<const uint8_t*>(&vs[(16 * kk + 2 * t4) * kPdKvPitch + 64 * warp + gq]);
+        // B rows (tokens) 2t, 2t+1, 2t+8, 2t+9 of this 16-token step
+        const int8_t* v0 = &vs[(16 * kk + 2 * t4) * kPdVPitch + dbase + 4 * gq];
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const uint8_t* vp = v0 + 8 * nt;
-          const uint32_t w = (uint32_t)vp[0] | ((uint32_t)vp[kPdKvPitch] << 8) |
-                             ((uint32_t)vp[8 * kPdKvPitch] << 16) |
-                             ((uint32_t)vp[9 * kPdKvPitch] << 24);
-          uint32_t bb[2];
-          s8x4_to_half2x2(w, bb);
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t r0 = *reinterpret_cast<const uint32_t*>(v0 + 32 * h);
+          const uint32_t r1 = *reinterpret_cast<const uint32_t*>(v0 + kPdVPitch + 32 * h);
+          const uint32_t r8 = *reinterpret_cast<const uint32_t*>(v0 + 8 * kPdVPitch + 32 * h);
+          const uint32_t r9 = *reinterpret_cast<const uint32_t*>(v0 + 9 * kPdVPitch + 32 * h);
+          // interleave token pairs byte by byte, then each dim's pair becomes a half2
+          const uint32_t p01[2] = {__byte_perm(r0, r1, 0x5140), __byte_perm(r0, r1, 0x7362)};
+          const uint32_t p89[2] = {__byte_perm(r8, r9, 0x5140), __byte_perm(r8, r9, 0x7362)};
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            float* acc = &oacc[nt][4 * mt];
-            mma_m16n8k16(*reinterpret_cast<float(*)[4]>(acc), a[mt], bb);
+          for (int jj = 0; jj < 4; ++jj) {
+            const uint32_t sel = (jj & 1) ? 0x7362u : 0x5140u;
+            const uint32_t bb[2] = {pd_unbias(__byte_perm(p01[jj >> 1], 0x64646464u, sel)),
+                                    pd_unbias(__byte_perm(p89[jj >> 1], 0x64646464u, sel))};
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              float* acc = &oacc[4 * h + jj][4 * mt];
+              mma_m16n8k16(*reinterpret_cast<float(*)[4]>(acc), a[mt], bb);
+            }
           }
         }
       }
@@ -327,40 +493,54 @@ __global__ void __launch_bounds__(kPdWarps * 32)
   }
   __syncthreads();
 
-  // write back: normalised output (one split) or the unnormalised partial. Each thread
-  // holds pairs of adjacent dims: (row, dim, v0, v1) enumerated per fragment layout.
+  // write back: normalised output (one split) or the unnormalised partial
   const int64_t base = (((int64_t)b * Hkv + kvh) * p.num_splits + split) * R;
-#pragma unroll
-  for (int nb = 0; nb < 8; ++nb) {
-#pragma unroll
-    for (int pr = 0; pr < 4; ++pr) {
-      int row, dim;
-      float v0, v1;
-      if constexpr (!NATIVE) {
-        // i = 4 (pr >> 1) + 2 (pr & 1): rows r0 + (i & 2), cols (i & 4) + (lane & 2) + {0, 1}
-        const int i = 4 * (pr >> 1) + 2 * (pr & 1);
-        row = qp * 8 + (lane & 1) + (i & 2) + 4 * hi;
-        dim = 64 * warp + 8 * nb + (i & 4) + (lane & 2);
-        v0 = oacc[nb][i];
-        v1 = oacc[nb][i + 1];
+  auto emit = [&](int row, int dim, const float* v, int n) {  // n adjacent dims
+    if (row >= R) return;
+    if (p.num_splits == 1) {
+      const float l = row_l[row];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int g = row / QN, qi = row % QN;
+      __half* dst = p.out + (int64_t)(b * QN + qi) * p.out_tok_stride +
+                    (int64_t)(kvh * G + g) * D + dim;
+      for (int i = 0; i < n; i += 2)
+        *reinterpret_cast<__half2*>(dst + i) = __floats2half2_rn(v[i] * inv, v[i + 1] * inv);
+    } else {
+      float* dst = p.part_o + (base + row) * D + dim;
+      if (n == 4) {
+        *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
       } else {
-        row = 16 * (pr >> 1) + gq + 8 * (pr & 1);
-        dim = 64 * warp + 8 * nb + 2 * t4;
-        v0 = oacc[nb][2 * pr];
-        v1 = oacc[nb][2 * pr + 1];
-      }
-      if (row >= R) continue;
-      if (p.num_splits == 1) {
-        const float l = row_l[row];
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        const int g = row / QN, qi = row % QN;
-        __half* dst = p.out + (int64_t)(b * QN + qi) * p.out_tok_stride +
-                      (int64_t)(kvh * G + g) * D + dim;
-        *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(v0 * inv, v1 * inv);
-      } else {
-        *reinterpret_cast<float2*>(p.part_o + (base + row) * D + dim) = make_float2(v0, v1);
+        *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
       }
     }
+  };
+  if constexpr (!NATIVE) {
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) {
+#pragma unroll
+      for (int pr = 0; pr < 4; ++pr) {
+        // i = 4 (pr >> 1) + 2 (pr & 1): rows r0 + (i & 2), cols (i & 4) + (lane & 2) + {0, 1}
+        const int i = 4 * (pr >> 1) + 2 * (pr & 1);
+        const int row = qp * 8 + (lane & 1) + (i & 2) + 4 * hi;
+        const int dim = dbase + 8 * nb + (i & 4) + (lane & 2);
+        const float v[2] = {oacc[nb][i], oacc[nb][i + 1]};
+        emit(row, dim, v, 2);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh)
+#pragma unroll
+        for (int cc = 0; cc < 2; ++cc)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int j = 2 * rh + cc;
+            const float v[4] = {oacc[4 * h][4 * mt + j], oacc[4 * h + 1][4 * mt + j],
+                                oacc[4 * h + 2][4 * mt + j], oacc[4 * h + 3][4 * mt + j]};
+            emit(16 * mt + gq + 8 * rh, dbase + 32 * h + 4 * (2 * t4 + cc), v, 4);
+          }
   }
   if (p.num_splits > 1 && tid < R) {
     p.part_ml[(base + tid) * 2] = row_m[tid];
@@ -368,54 +548,95 @@ __global__ void __launch_bounds__(kPdWarps * 32)
   }
 }
 
-// Combine the splits: one block per (sequence, KV head, row), one thread per dim. The
-// split weights go through shared memory first so the partial loads are independent.
+// Combine the splits. One block per (sequence, KV head, row, 16-dim slice), 256 threads.
+// Each thread reads the (max, sum) of splits tid, tid + 256, .. once into registers (one
+// round trip, not three as before), then 4 lanes of 4 dims x 64 groups of splits sum
+// every 64th split's partial with independent 16-byte loads, joined in shared memory.
+// (The first version, one thread per dim walking all splits, had 12 blocks at batch 1 and
+// took about 30 us at 256 splits: latency-bound, as long as the decode kernel itself.)
 constexpr int kPdMaxSplits = 1024;
+constexpr int kPdRedThreads = 256;
+constexpr int kPdRedDims = 16;                             // dims per reduce block
+constexpr int kPdRedLanes = kPdRedDims / 4;                // float4 lanes
+constexpr int kPdRedGroups = kPdRedThreads / kPdRedLanes;  // split groups (64)
+constexpr int kPdRedPerThread = kPdMaxSplits / kPdRedThreads;
 
 template <int G, int QN>
-__global__ void __launch_bounds__(kPdHeadDim)
+__global__ void __launch_bounds__(kPdRedThreads)
     paged_decode_reduce_kernel(const PagedDecodeParams p) {
   constexpr int D = kPdHeadDim;
   constexpr int R = G * QN;
+  constexpr int NQ = D / kPdRedDims;
   __shared__ float wgt[kPdMaxSplits];
-  __shared__ float red[kPdHeadDim / 32];
-  const int row = blockIdx.x % R;
-  const int kvh = (blockIdx.x / R) % p.num_kv_heads;
-  const int b = blockIdx.x / (R * p.num_kv_heads);
-  const int d = threadIdx.x;
-  const int lane = d & 31, warp = d >> 5;
+  __shared__ float red[kPdRedThreads / 32];
+  __shared__ __align__(16) float4 acc_s[kPdRedGroups][kPdRedLanes];
+  const int dq = blockIdx.x % NQ;
+  const int row = (blockIdx.x / NQ) % R;
+  const int kvh = (blockIdx.x / (NQ * R)) % p.num_kv_heads;
+  const int b = blockIdx.x / (NQ * R * p.num_kv_heads);
+  const int tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5;
   const int S = p.num_splits;
   const int64_t base = ((int64_t)b * p.num_kv_heads + kvh) * S;
+  float ms[kPdRedPerThread], ls[kPdRedPerThread];
   float mx = kNegInf;
-  for (int s = d; s < S; s += D) mx = fmaxf(mx, p.part_ml[((base + s) * R + row) * 2]);
+#pragma unroll
+  for (int i = 0; i < kPdRedPerThread; ++i) {
+    const int s = tid + i * kPdRedThreads;
+    ms[i] = kNegInf;
+    ls[i] = 0.f;
+    if (s < S) {
+      const float2 ml = *reinterpret_cast<const float2*>(p.part_ml + ((base + s) * R + row) * 2);
+      ms[i] = ml.x;
+      ls[i] = ml.y;
+    }
+    mx = fmaxf(mx, ms[i]);
+  }
   mx = warp_max(mx);
   if (lane == 0) red[warp] = mx;
   __syncthreads();
   mx = red[0];
 #pragma unroll
-  for (int w = 1; w < D / 32; ++w) mx = fmaxf(mx, red[w]);
+  for (int w = 1; w < kPdRedThreads / 32; ++w) mx = fmaxf(mx, red[w]);
   const float m_use = mx == kNegInf ? 0.f : mx;
-  __syncthreads();
   float den = 0.f;
-  for (int s = d; s < S; s += D) {
-    const int64_t pr = (base + s) * R + row;
-    const float w = exp2f(p.part_ml[pr * 2] - m_use);
-    wgt[s] = w;
-    den += w * p.part_ml[pr * 2 + 1];
+#pragma unroll
+  for (int i = 0; i < kPdRedPerThread; ++i) {
+    const int s = tid + i * kPdRedThreads;
+    const float w = exp2f(ms[i] - m_use);
+    if (s < S) wgt[s] = w;
+    den += w * ls[i];
   }
   den = warp_sum(den);
+  __syncthreads();  // everyone has read red (the max) before it is reused
   if (lane == 0) red[warp] = den;
-  __syncthreads();
+  __syncthreads();  // wgt and red complete
   den = 0.f;
 #pragma unroll
-  for (int w = 0; w < D / 32; ++w) den += red[w];
-  float num = 0.f;
-  const float* po = p.part_o + (base * R + row) * D + d;
+  for (int w = 0; w < kPdRedThreads / 32; ++w) den += red[w];
+  const int dl = tid % kPdRedLanes, sg = tid / kPdRedLanes;
+  const float* po = p.part_o + (base * R + row) * D + kPdRedDims * dq + 4 * dl;
+  float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int s = sg; s < S; s += kPdRedGroups) {
+    const float4 v = *reinterpret_cast<const float4*>(po + (int64_t)s * R * D);
+    const float w = wgt[s];
+    num.x += w * v.x;
+    num.y += w * v.y;
+    num.z += w * v.z;
+    num.w += w * v.w;
+  }
+  acc_s[sg][dl] = num;
+  __syncthreads();
+  if (tid < kPdRedDims) {
+    const int l = tid / 4, c = tid % 4;
+    float v = 0.f;
 #pragma unroll 8
-  for (int s = 0; s < S; ++s) num += wgt[s] * po[(int64_t)s * R * D];
-  const int g = row / QN, qi = row % QN;
-  p.out[(int64_t)(b * QN + qi) * p.out_tok_stride + (int64_t)(kvh * G + g) * D + d] =
-      __float2half_rn(den > 0.f ? num / den : 0.f);
+    for (int g2 = 0; g2 < kPdRedGroups; ++g2) v += reinterpret_cast<const float*>(&acc_s[g2][l])[c];
+    const int g = row / QN, qi = row % QN;
+    p.out[(int64_t)(b * QN + qi) * p.out_tok_stride + (int64_t)(kvh * G + g) * D +
+          kPdRedDims * dq + tid] = __float2half_rn(den > 0.f ? v / den : 0.f);
+  }
 }
 
 #ifndef __CUDACC_RTC__
@@ -424,8 +645,9 @@ inline void launch_paged_decode(const PagedDecodeParams& p, int batch, cudaStrea
   dim3 grid(p.num_splits, batch, p.num_kv_heads);
   paged_decode_kernel<G, QN, NATIVE><<<grid, kPdWarps * 32, 0, stream>>>(p);
   if (p.num_splits > 1) {
-    paged_decode_reduce_kernel<G, QN>
-        <<<batch * p.num_kv_heads * G * QN, kPdHeadDim, 0, stream>>>(p);
+    paged_decode_reduce_kernel<G, QN><<<batch * p.num_kv_heads * G * QN *
+                                                (kPdHeadDim / kPdRedDims),
+                                            kPdRedThreads, 0, stream>>>(p);
   }
 }
 #endif

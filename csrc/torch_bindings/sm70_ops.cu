@@ -7,10 +7,14 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "gptq_gemv.cuh"
 #include "int8_gemm_lowrank.cuh"
@@ -55,6 +59,55 @@ void check_packed_weight(const Tensor& qw, const Tensor& sz, int64_t K, int64_t 
               "sz must be [N, K / group_size, 2] (scale, zero)");
 }
 
+// Stream-K GEMV workspace: one zero-filled int32 buffer per (device, stream), shared by
+// every call on that stream (the kernels leave it zero again, so no memset per call).
+// Buffers are never freed: a CUDA graph captured with one keeps using its address after
+// the cache grows. Inside a graph capture with no big-enough buffer for the capturing
+// stream (torch's usual pattern warms up on another stream), the new buffer's zero-fill
+// is captured too, so it runs before every replay; such a buffer serves only that capture
+// (another graph may replay first), and the next eager call makes a plain one again.
+struct GemvWsKey {
+  int device;
+  int64_t stream;
+  bool operator==(const GemvWsKey& o) const { return device == o.device && stream == o.stream; }
+};
+struct GemvWsHash {
+  size_t operator()(const GemvWsKey& k) const {
+    return std::hash<int64_t>()(k.stream) * 31u + std::hash<int>()(k.device);
+  }
+};
+struct GemvWs {
+  std::vector<Tensor> bufs;          // the last one is current
+  unsigned long long capture_id = 0;  // nonzero: the current one was made in that capture
+};
+
+int* gemv_workspace(const c10::cuda::CUDAStream& stream, int64_t ints) {
+  static std::mutex mu;
+  static auto* cache = new std::unordered_map<GemvWsKey, GemvWs, GemvWsHash>();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long capture = 0;
+  C10_CUDA_CHECK(cudaStreamGetCaptureInfo(stream.stream(), &status, &capture));
+  TORCH_CHECK(status != cudaStreamCaptureStatusInvalidated,
+              "gptq_gemv: the stream's graph capture was invalidated");
+  if (status == cudaStreamCaptureStatusNone) capture = 0;
+  const std::lock_guard<std::mutex> lock(mu);
+  GemvWs& ws = (*cache)[GemvWsKey{(int)stream.device_index(), (int64_t)stream.id()}];
+  if (!ws.bufs.empty() && ws.bufs.back().numel() >= ints && ws.capture_id == 0)
+    return ws.bufs.back().data_ptr<int>();
+  if (!ws.bufs.empty() && ws.bufs.back().numel() >= ints && capture != 0 &&
+      ws.capture_id == capture)
+    return ws.bufs.back().data_ptr<int>();
+  // eager: grow geometrically (few buffers kept); in a capture: exactly what it needs
+  int64_t size = ints;
+  if (capture == 0 && !ws.bufs.empty() && ws.capture_id == 0)
+    size = std::max(ints, 2 * ws.bufs.back().numel());
+  ws.bufs.push_back(at::zeros({size}, at::TensorOptions()
+                                          .dtype(at::kInt)
+                                          .device(at::kCUDA, stream.device_index())));
+  ws.capture_id = capture;
+  return ws.bufs.back().data_ptr<int>();
+}
+
 Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t group_size,
                  const std::optional<Tensor>& bias, int64_t ksplit, int64_t kernel) {
   SM70_CHECK_CUDA(x);
@@ -63,7 +116,7 @@ Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t gr
   TORCH_CHECK(x.dim() == 2, "x must be [M, K]");
   const int64_t M = x.size(0), K = x.size(1), N = qw.size(0);
   TORCH_CHECK(M >= 1 && M <= 8, "gptq_gemv takes 1 to 8 rows, got " + std::to_string(M));
-  TORCH_CHECK(K % 16 == 0, "K must be a multiple of 16, got " + std::to_string(K));
+  TORCH_CHECK(K > 0 && K % 16 == 0, "K must be a positive multiple of 16, got " + std::to_string(K));
   check_packed_weight(qw, sz, K, group_size);
   check_aligned16(x, "x");
   check_aligned16(qw, "qw");
@@ -81,12 +134,31 @@ Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t gr
   const auto* s = reinterpret_cast<const __half2*>(sz.data_ptr<at::Half>());
   const int n = (int)N, k = (int)K, g = (int)group_size;
   TORCH_CHECK(ksplit == 0 || ksplit == 1 || ksplit == 4, "ksplit must be 0 (auto), 1 or 4");
-  TORCH_CHECK(kernel >= 0 && kernel <= 3,
-              "kernel must be 0 (auto), 1 (classic), 2 or 3 (streamed, M = 1)");
-  TORCH_CHECK(kernel < 2 || M == 1, "kernel 2 and 3 (streamed) take M = 1 only");
+  TORCH_CHECK(kernel >= 0 && kernel <= 9,
+              "kernel must be 0 (auto), 1 (classic), 2 or 3 (streamed, M = 1), 4 or 5 "
+              "(stream-K, M = 1), 6 or 7 (streamed, x in shared memory, M = 1), 8 or 9 "
+              "(streamed, packed-half math, M = 1), got " + std::to_string(kernel));
+  TORCH_CHECK(kernel < 2 || M == 1,
+              "kernel " + std::to_string(kernel) + " (streamed / stream-K) takes M = 1 only, got M = " +
+                  std::to_string(M));
   const int kn = (int)kernel;
+  if (N == 0) return y;
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()));
+  // Stream-K (kernels 4, 5; ksplit is ignored) only when asked for: on the H200 it was
+  // slower than the streamed kernel on 8 of the 9 M = 1 shapes (docs/kernels.md); auto at
+  // M = 1 is the streamed kernel with packed-half math (kernel 8).
+  const bool sk_fits = sm70::gptq_gemv_sk_fits(N, K);  // 32-bit row offsets
+  TORCH_CHECK((kn != 4 && kn != 5) || sk_fits, "kernel " + std::to_string(kn) +
+                                     " (stream-K) needs N * K < 2^32, got N=" +
+                                     std::to_string(N) + ", K=" + std::to_string(K));
+  if (M == 1 && (kn == 4 || kn == 5)) {
+    int* ws = gemv_workspace(stream, (int64_t)sm70::gptq_gemv_sk_workspace_ints(n));
+    C10_CUDA_CHECK(sm70::launch_gptq_gemv_sk(kn == 5 ? 5 : 4, hptr(x), q, s, bp, hptr_mut(y), n,
+                                             k, g, ws, x.device().index(), sms, stream));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return y;
+  }
   // ksplit 1 or 4 forces the mode (tuning): with 0 SMs no N is "too few warps" (mode 1);
   // the launcher reads a negative SM count as mode 4
   if (ksplit == 1) sms = 0;
@@ -297,6 +369,38 @@ Tensor int8_gemm_lowrank(const Tensor& x, const Tensor& qw, const Tensor& sz, in
   return y;
 }
 
+// Resident paged_decode blocks per SM for one query-row count and MMA path: callers size
+// num_splits so the grid is exactly one wave (sm70ctl.kernels.reference.decode_num_splits).
+template <int QN>
+int pd_blocks(bool native) {
+  int n = 0;
+  if (native) {
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, sm70::paged_decode_kernel<6, QN, true>, sm70::kPdWarps * 32, 0));
+  } else {
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, sm70::paged_decode_kernel<6, QN, false>, sm70::kPdWarps * 32, 0));
+  }
+  return n;
+}
+
+int64_t paged_decode_blocks_per_sm(int64_t q_per_seq, int64_t mma, int64_t device) {
+  TORCH_CHECK(q_per_seq >= 1 && q_per_seq <= 4, "q_per_seq must be 1..4, got " + std::to_string(q_per_seq));
+  TORCH_CHECK(mma >= 0 && mma <= 2, "mma must be 0 (auto), 1 (m8n8k4) or 2 (m16n8k16)");
+  int dev = (int)device;
+  if (dev < 0) C10_CUDA_CHECK(cudaGetDevice(&dev));
+  const c10::cuda::CUDAGuard guard((c10::DeviceIndex)dev);
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  const bool native = mma == 2 || (mma == 0 && major >= 8);
+  switch (q_per_seq) {
+    case 1: return pd_blocks<1>(native);
+    case 2: return pd_blocks<2>(native);
+    case 3: return pd_blocks<3>(native);
+    default: return pd_blocks<4>(native);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(sm70, m) {
@@ -310,6 +414,8 @@ TORCH_LIBRARY(sm70, m) {
       "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_scale, Tensor v_scale, "
       "Tensor block_tables, Tensor seq_lens, int q_per_seq, float sm_scale, int num_splits, "
       "int mma=0) -> Tensor");
+  m.def("paged_decode_blocks_per_sm(int q_per_seq, int mma=0, int device=-1) -> int",
+        &paged_decode_blocks_per_sm);
   m.def(
       "int8_gemm_lowrank(Tensor x, Tensor qw, Tensor sz, int group_size, Tensor? bias, "
       "Tensor? a_t, Tensor? b_t, Tensor? row_mask) -> Tensor");

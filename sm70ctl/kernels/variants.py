@@ -29,6 +29,7 @@ def gemv_rows(m: int) -> int:
 
 GQA_GROUP = 6  # Qwen3.8-27B: 24 query heads over 4 KV heads
 MAX_QUERY_ROWS = 4  # 1 + MTP k=3
+GEMV_SK_STAGES = (2, 3)  # stream-K GEMV pipeline depths (R = 8 spills at 128 registers)
 
 VARIANTS: tuple[KernelVariant, ...] = (
     *(
@@ -38,6 +39,23 @@ VARIANTS: tuple[KernelVariant, ...] = (
     *(
         KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_stream_kernel<4, {u}>", 128)
         for u in (1, 2)
+    ),
+    # streamed M = 1 with x in dynamic shared memory (kernels 6, 7), up to K = 24576
+    *(
+        KernelVariant(
+            "gptq_gemv.cuh", f"sm70::gptq_gemv_stream_kernel<{r}, {u}, true>", 128, 48 * 1024
+        )
+        for r, u in ((4, 2), (8, 1))
+    ),
+    # streamed M = 1 with packed-half math (kernels 8, 9): U = 1 / 2
+    *(
+        KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_stream_kernel<4, {u}, false, true>", 128)
+        for u in (1, 2)
+    ),
+    # stream-K M = 1 (kernels 4, 5): R = 4 rows, S = 2 / 3 pipeline stages
+    *(
+        KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_sk_kernel<4, {s}>", 128)
+        for s in GEMV_SK_STAGES
     ),
     KernelVariant("kv_int8.cuh", "sm70::kv_int8_write_kernel<256>", 128),
     *(

@@ -55,6 +55,30 @@ def rel_err(out: torch.Tensor, want: torch.Tensor) -> float:
     return float((out - want).norm() / want.norm().clamp_min(1e-30))
 
 
+FP16_U = 2.0**-11  # unit roundoff of fp16
+
+
+def assert_gemv_forward_error(y, x, w, bias, want) -> None:
+    """Every output within the forward error bound of fp16-rounded partial sums:
+    |y - want| <= u |want| (the fp16 output) + 2 u sum_k |x_k w_kn| (the accumulation).
+
+    The M = 1 default accumulates 4-term partials in half2 before fp32 (docs/kernels.md):
+    its error scales with sum |x w|, not with |y|, so an output that nearly cancels has a
+    large relative error however good the kernel; this bound is the condition-free check
+    (the fp32 kernels meet it with room to spare; measured worst constant 0.28, not 2, in a
+    CPU emulation of the half2 arithmetic). Vectors of 17+ outputs also keep the relative
+    L2 check.
+    """
+    mag = (x.double().abs() @ w.double().abs().t()) + (0 if bias is None else bias.double().abs())
+    err = (y.double() - want.double()).abs()
+    bound = FP16_U * want.double().abs() + 2 * FP16_U * mag
+    assert torch.isfinite(y.double()).all(), "non-finite output"
+    worst = float((err - bound).max())
+    assert worst <= 0, f"forward error exceeds the bound by {worst:.3g}"
+    if want.shape[-1] >= 17:
+        assert rel_err(y, want) < 2e-3
+
+
 def poison(nbytes: int) -> None:
     """Leave NaNs in the allocator's cache so an output the op forgets to write fails."""
     t = torch.full((nbytes // 2 + 64,), float("nan"), dtype=torch.float16, device="cuda")
@@ -116,15 +140,18 @@ def test_gptq_gemv_edges(n):
             x = torch.randn(m, k, device="cuda", generator=gen).half()
             bias = torch.randn(n, device="cuda", generator=gen).half()
             y = torch.ops.sm70.gptq_gemv(x, qw, sz, g, bias)
-            want = ref.gemv_reference(x, ref.dequant_repacked(qw, sz, g), bias)
-            assert rel_err(y, want) < 2e-3, (k, m)
+            w = ref.dequant_repacked(qw, sz, g)
+            want = ref.gemv_reference(x, w, bias)
+            assert_gemv_forward_error(y, x, w, bias, want)
 
 
-@pytest.mark.parametrize("kernel", [1, 2, 3])
+@pytest.mark.parametrize("kernel", [1, 2, 3, 4, 5, 6, 7, 8, 9])
 @pytest.mark.parametrize("ksplit", [0, 1, 4])
 def test_gptq_gemv_every_kernel_and_split(kernel, ksplit):
-    """M = 1 through each kernel (classic, streamed U = 1 / 2) and K-split mode forced,
-    on a model shape, the int8 lm_head layout (G = K) and odd N with K tails."""
+    """M = 1 through each kernel (classic, streamed U = 1 / 2, stream-K S = 2 / 3, which
+    ignore ksplit, streamed with x in shared memory R = 4 / 8) and K-split mode forced,
+    on a model shape, the int8 lm_head layout (G = K), odd N with K tails and a K too long
+    for x in shared memory (kernels 6 and 7 fall back to the U = 1 kernel there)."""
     gen = torch.Generator(device="cuda").manual_seed(100 * kernel + ksplit)
     cases = [
         (7168, 5120, 128),
@@ -133,6 +160,7 @@ def test_gptq_gemv_every_kernel_and_split(kernel, ksplit):
         (3, 384, 128),
         (17, 1152, 128),
         (5120, 8704, 128),
+        (9, 24576 + 512, 128),
     ]
     for n, k, g in cases:
         qw = torch.randint(0, 256, (n, k), dtype=torch.uint8, device="cuda", generator=gen)
@@ -171,6 +199,184 @@ def test_gptq_gemv_rejects_bad_input(case, message):
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert message in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------ GEMV, stream-K (M = 1)
+STREAM_K = [4, 5]  # R = 4 rows with S = 2 / 3 pipeline stages
+
+
+def random_repacked(n: int, k: int, g: int, gen: torch.Generator):
+    """Random codes and (scale, zero) in the GEMV layout directly (any N, any K % g == 0)."""
+    qw = torch.randint(0, 256, (n, k), dtype=torch.uint8, device="cuda", generator=gen)
+    sz = torch.empty(n, k // g, 2, device="cuda", dtype=torch.float16)
+    sz[..., 0] = (torch.rand(n, k // g, device="cuda", generator=gen) * 2e-3 + 1e-4).half()
+    sz[..., 1] = torch.randint(1, 256, (n, k // g), device="cuda", generator=gen).half()
+    return qw, sz
+
+
+def check_gemv(x, qw, sz, g, bias, kernel, what=None):
+    poison(qw.shape[0] * 2)
+    y = torch.ops.sm70.gptq_gemv(x, qw, sz, g, bias, 0, kernel)
+    assert y.shape == (x.shape[0], qw.shape[0]) and y.dtype == torch.float16
+    want = ref.gemv_reference(x, ref.dequant_repacked(qw, sz, g), bias)
+    assert rel_err(y, want) < 2e-3, what
+    return y
+
+
+@pytest.mark.parametrize("name,n,k", SHAPES, ids=[s[0] for s in SHAPES])
+@pytest.mark.parametrize("kernel", STREAM_K)
+def test_gptq_gemv_stream_k_model_shapes(name, n, k, kernel):
+    """Every per-GPU shape, from the GPTQ checkpoint form (so the repack is checked too)."""
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"sk/{name}/{kernel}".encode()))
+    qweight, qzeros, scales = random_gptq(n, k, gen=gen)
+    qw, sz = ref.repack_gptq_int8(qweight, qzeros, scales, 128)
+    w = ref.dequant_gptq_int8(qweight, qzeros, scales, 128)
+    x = torch.randn(1, k, device="cuda", generator=gen).half()
+    for bias in (None, torch.randn(n, device="cuda", generator=gen).half()):
+        poison(n * 2)
+        y = torch.ops.sm70.gptq_gemv(x, qw, sz, 128, bias, 0, kernel)
+        want = x.float() @ w + (bias.float() if bias is not None else 0.0)
+        assert rel_err(y, want) < 2e-3, bias is None
+
+
+@pytest.mark.parametrize("kernel", STREAM_K)
+def test_gptq_gemv_stream_k_lm_head(kernel):
+    """The int8 lm_head layout (G = K: one (scale, zero) per row) on a cut vocabulary."""
+    gen = torch.Generator(device="cuda").manual_seed(41 + kernel)
+    for n in (4099, 20000):
+        w = (torch.randn(n, HIDDEN, device="cuda", generator=gen) * 0.02).half()
+        qw, sz, g = ref.quantize_lm_head_int8(w)
+        x = torch.randn(1, HIDDEN, device="cuda", generator=gen).half()
+        check_gemv(x, qw, sz, g, None, kernel, n)
+
+
+@pytest.mark.parametrize("kernel", STREAM_K)
+@pytest.mark.parametrize("n", [1, 3, 17, 130])
+def test_gptq_gemv_stream_k_edges(n, kernel):
+    """Odd N (a partial last row set) and K tails: lanes past the last chunk add zeros."""
+    gen = torch.Generator(device="cuda").manual_seed(1000 * kernel + n)
+    for k in (128, 384, 1040, 1152, 2032):
+        g = 16 if k % 128 else 128
+        qw, sz = random_repacked(n, k, g, gen)
+        x = torch.randn(1, k, device="cuda", generator=gen).half()
+        for bias in (None, torch.randn(n, device="cuda", generator=gen).half()):
+            check_gemv(x, qw, sz, g, bias, kernel, (k, bias is None))
+
+
+@pytest.mark.parametrize("kernel", STREAM_K)
+def test_gptq_gemv_stream_k_split_row_sets(kernel):
+    """N = 8, K = 8192: 2 row sets x 16 steps over 32 warps (every row set joined from 16
+    partials); N = 3, K = 128: 1 unit for 4 warps (3 idle); 513 x 4096 in between."""
+    gen = torch.Generator(device="cuda").manual_seed(77 + kernel)
+    for n, k, g in ((8, 8192, 128), (3, 128, 128), (513, 4096, 64), (64, 16384, 128)):
+        qw, sz = random_repacked(n, k, g, gen)
+        x = torch.randn(1, k, device="cuda", generator=gen).half()
+        bias = torch.randn(n, device="cuda", generator=gen).half()
+        check_gemv(x, qw, sz, g, bias, kernel, (n, k))
+
+
+def test_gptq_gemv_stream_k_workspace_self_cleans():
+    """Back-to-back calls share one workspace per stream: a partial sum or step count left
+    behind by one call would corrupt the next (same N, different N, both kernels)."""
+    gen = torch.Generator(device="cuda").manual_seed(5150)
+    shapes = ((8, 8192), (5120, 3072), (130, 1152))
+    ops = [(*random_repacked(n, k, 128, gen), n, k) for n, k in shapes]
+    seq = [0, 0, 0, 1, 0, 2, 1, 0, 2, 2, 1, 1]
+    for i, j in enumerate(seq):
+        qw, sz, n, k = ops[j]
+        x = torch.randn(1, k, device="cuda", generator=gen).half()
+        bias = torch.randn(n, device="cuda", generator=gen).half() if i % 2 else None
+        check_gemv(x, qw, sz, 128, bias, STREAM_K[i % 2], (i, n, k))
+    # a burst with no host sync in between: results checked only at the end
+    xs = [torch.randn(1, 8192, device="cuda", generator=gen).half() for _ in range(8)]
+    qw, sz, n, k = ops[0]
+    ys = [torch.ops.sm70.gptq_gemv(x, qw, sz, 128, None, 0, 4) for x in xs]
+    w_t = ref.dequant_repacked(qw, sz, 128)
+    for x, y in zip(xs, ys, strict=True):
+        assert rel_err(y, ref.gemv_reference(x, w_t)) < 2e-3
+
+
+@pytest.mark.parametrize("kernel", STREAM_K)
+def test_gptq_gemv_stream_k_cuda_graph(kernel):
+    """Two calls captured in a CUDA graph after one warm call on the capturing stream,
+    replayed twice with new x: the captured workspace is reused and stays clean."""
+    gen = torch.Generator(device="cuda").manual_seed(900 + kernel)
+    qa, sa = random_repacked(7168, 5120, 128, gen)
+    qb, sb = random_repacked(8, 8192, 128, gen)
+    bias = torch.randn(8, device="cuda", generator=gen).half()
+    xa = torch.zeros(1, 5120, device="cuda").half()
+    xb = torch.zeros(1, 8192, device="cuda").half()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        torch.ops.sm70.gptq_gemv(xa, qa, sa, 128, None, 0, kernel)  # sizes the workspace
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        ya = torch.ops.sm70.gptq_gemv(xa, qa, sa, 128, None, 0, kernel)
+        yb = torch.ops.sm70.gptq_gemv(xb, qb, sb, 128, bias, 0, kernel)
+    wa, wb = ref.dequant_repacked(qa, sa, 128), ref.dequant_repacked(qb, sb, 128)
+    for _ in range(2):
+        xa.copy_(torch.randn(1, 5120, device="cuda", generator=gen).half())
+        xb.copy_(torch.randn(1, 8192, device="cuda", generator=gen).half())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_err(ya, ref.gemv_reference(xa, wa)) < 2e-3
+        assert rel_err(yb, ref.gemv_reference(xb, wb, bias)) < 2e-3
+
+
+def test_gptq_gemv_stream_k_graph_without_warm_up():
+    """torch's usual pattern: warm up on a side stream, capture on another (torch's own
+    capture stream), where no workspace exists yet. Two graphs captured that way on one
+    stream, replayed in reverse order and interleaved with eager calls on that stream."""
+    gen = torch.Generator(device="cuda").manual_seed(4242)
+    qw, sz = random_repacked(640, 8192, 128, gen)  # 160 row sets x 16 steps: split sets
+    w_t = ref.dequant_repacked(qw, sz, 128)
+    xs = [torch.zeros(1, 8192, device="cuda").half() for _ in range(2)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.ops.sm70.gptq_gemv(xs[0], qw, sz, 128, None, 0, 4)
+    torch.cuda.current_stream().wait_stream(side)
+    capture = torch.cuda.Stream()
+    graphs, ys = [], []
+    for i in range(2):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=capture):
+            ys.append(torch.ops.sm70.gptq_gemv(xs[i], qw, sz, 128, None, 0, 4 + i))
+        graphs.append(graph)
+    for rnd in range(2):
+        for i in (1, 0):
+            xs[i].copy_(torch.randn(1, 8192, device="cuda", generator=gen).half())
+            graphs[i].replay()
+            torch.cuda.synchronize()
+            assert rel_err(ys[i], ref.gemv_reference(xs[i], w_t)) < 2e-3, (rnd, i)
+        capture.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(capture):  # eager on the capturing stream afterwards
+            x = torch.randn(1, 8192, device="cuda", generator=gen).half()
+            y = torch.ops.sm70.gptq_gemv(x, qw, sz, 128, None, 0, 5)
+        torch.cuda.synchronize()
+        assert rel_err(y, ref.gemv_reference(x, w_t)) < 2e-3, rnd
+
+
+@pytest.mark.parametrize("case,message", [("rows", "M = 1 only"), ("kernel", "kernel must be")])
+def test_gptq_gemv_stream_k_rejects(case, message):
+    """kernel 4 with M = 2 and an unknown kernel id raise a clear RuntimeError (in a child:
+    a crash must not end the run)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = Path(__file__).with_name("gemv_sk_probe.py")
+    proc = subprocess.run(
+        [sys.executable, "-X", "faulthandler", str(probe), case],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert message in proc.stdout, proc.stdout
 
 
@@ -241,6 +447,8 @@ DECODE_CASES = [
     ([4097], 1, 64, 16),
     ([2112, 2113], 2, 528, 3),
     ([65], 4, 16, 64),  # more splits than tiles: empty splits must combine cleanly
+    ([5000, 300], 1, 16, 300),  # split count not a multiple of the reduce's 16 groups
+    ([40000], 4, 16, 1024),  # the most splits; the last ~400 are empty
 ]
 
 
@@ -264,6 +472,14 @@ def test_paged_decode(ctxs, qn, block_size, splits, mma):
     assert out.shape == q.shape
     assert rel_err(out, want) < 5e-3
     assert float((out.float() - want).abs().max()) < 2e-2
+
+
+@pytest.mark.parametrize("qn", [1, 2, 3, 4])
+def test_paged_decode_blocks_per_sm(qn):
+    """The occupancy the split rule sizes its grid by comes from the driver, for each path."""
+    for mma in mma_paths():
+        n = torch.ops.sm70.paged_decode_blocks_per_sm(qn, mma)
+        assert 1 <= n <= 16
 
 
 def test_paged_decode_splits_agree():
