@@ -125,7 +125,8 @@ def test_gptq_gemv_lm_head_per_row(m):
 
 @pytest.mark.parametrize("n", [1, 3, 17, 130])
 def test_gptq_gemv_edges(n):
-    """Odd N (partial blocks), one group, K tails not a multiple of the 2048-code step.
+    """Odd N (partial blocks), one group, K tails (128, 384 and 1152 are not multiples of a
+    warp's 512-code step; 2048 is, as a control).
 
     GPTQ packing needs N % 4 == 0, so odd N uses the repacked layout directly.
     """
