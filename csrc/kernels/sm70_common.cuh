@@ -71,19 +71,6 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
 #endif
 }
 
-// Four signed int8 (packed) -> two f16x2 holding the exact integers. Flipping the sign
-// bit gives u = q + 128; 0x6400 | u is the half 1024 + u; subtracting 1152 is exact.
-__device__ __forceinline__ void s8x4_to_half2x2(uint32_t w, uint32_t (&h)[2]) {
-  const uint32_t u = w ^ 0x80808080u;
-  const uint32_t lo = __byte_perm(u, 0x64646464u, 0x4140);
-  const uint32_t hi = __byte_perm(u, 0x64646464u, 0x4342);
-  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
-  __half2 l = __hsub2(*reinterpret_cast<const __half2*>(&lo), bias);
-  __half2 m = __hsub2(*reinterpret_cast<const __half2*>(&hi), bias);
-  h[0] = *reinterpret_cast<uint32_t*>(&l);
-  h[1] = *reinterpret_cast<uint32_t*>(&m);
-}
-
 // Byte j of w (unsigned) as the float 8388608 + byte (exact, no I2F).
 template <int J>
 __device__ __forceinline__ float u8_magic(uint32_t w) {
