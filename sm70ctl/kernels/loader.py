@@ -13,6 +13,9 @@ from pathlib import Path
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 EXTENSION_NAME = "sm70_kernels"
+# nvcc flags of ours on top of torch's; CI compiles the extension for sm_70 with them too
+# (tests/test_extension_nvcc.py)
+EXTRA_CUDA_CFLAGS = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
 _loaded = False
 
 
@@ -41,7 +44,7 @@ def load_extension(verbose: bool = False) -> None:
         sources=[str(p) for p in extension_sources()],
         extra_include_paths=[str(CSRC / "kernels")],
         extra_cflags=["-O3"],
-        extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr", "-lineinfo"],
+        extra_cuda_cflags=EXTRA_CUDA_CFLAGS,
         build_directory=str(build_dir()),
         is_python_module=False,
         verbose=verbose,
