@@ -7,7 +7,7 @@ huggingface_hub are imported inside the functions that need them.
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 
@@ -76,6 +76,16 @@ def main(argv: list[str] | None = None) -> None:
 
     from sm70ctl.output import Output
 
+    # a command asked for --json gets its failure as a JSON document on stdout too, so a
+    # script parsing the output has one even when the command failed before its result
+    out = Output(json_mode="--json" in (sys.argv[1:] if argv is None else argv))
+
+    def fail(msg: str, hint: str | None, code: int) -> NoReturn:
+        out.error(msg, hint)
+        if out.json_mode and not Output.json_emitted:
+            out.emit({"error": {"message": msg, "fix": hint, "exit_code": code}})
+        sys.exit(code)
+
     try:
         rv = app(args=argv, prog_name="sm70ctl", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
@@ -83,17 +93,13 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         ctx = getattr(exc, "ctx", None)
         where = ctx.command_path if ctx is not None else "sm70ctl"
-        Output().error(exc.format_message(), f"see `{where} --help`")
-        sys.exit(exc.exit_code)
+        fail(exc.format_message(), f"see `{where} --help`", exc.exit_code)
     except click.Abort:
-        Output().error("aborted")
-        sys.exit(1)
+        fail("aborted", None, 1)
     except Sm70Error as exc:
-        Output().error(exc.message, exc.hint)
-        sys.exit(exc.exit_code)
+        fail(exc.message, exc.hint, exc.exit_code)
     except KeyboardInterrupt:
-        Output().error("interrupted")
-        sys.exit(130)
+        fail("interrupted", None, 130)
     # without standalone mode Click returns the exit code (typer.Exit, --help) or None
     sys.exit(rv if isinstance(rv, int) else 0)
 

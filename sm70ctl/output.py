@@ -52,6 +52,10 @@ def _console(stderr: bool) -> Console:
 class Output:
     """Renders a command's result either as rich text or as JSON."""
 
+    # set once a JSON document went to stdout in this process: cli.main then adds no
+    # error document after a result that was already printed (a plan that does not fit)
+    json_emitted = False
+
     def __init__(self, json_mode: bool = False) -> None:
         self.json_mode = json_mode
         self.out = _console(stderr=False)
@@ -63,6 +67,7 @@ class Output:
         if self.json_mode:
             sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
             sys.stdout.flush()
+            Output.json_emitted = True
         elif render is not None:
             render(self.out)
         else:

@@ -132,6 +132,23 @@ def test_click_usage_errors_are_one_line(args: list[str], needle: str) -> None:
     assert len(lines) == 2 and lines[1].startswith("  fix: see `sm70ctl "), r.stderr
 
 
+@pytest.mark.parametrize("args,env,code,needle", [
+    (["plan", "--json"], {"SM70_PORT": "x"}, 1, "SM70_PORT='x'"),
+    (["plan", "--json", "--context", "0"], {}, 2, "Invalid value for '--context'"),
+])
+def test_json_failures_print_a_json_document(args, env, code, needle) -> None:
+    # a script parsing --json output gets a document on stdout even when the command
+    # failed before its result; humans still get the error line on stderr
+    import json
+
+    r = _run(args, **env)
+    assert r.returncode == code
+    doc = json.loads(r.stdout)
+    assert needle in doc["error"]["message"] and doc["error"]["exit_code"] == code
+    assert doc["error"]["fix"]
+    assert r.stderr.startswith("error: ")
+
+
 def test_exit_codes_pass_through_main() -> None:
     assert _run(["--version"]).returncode == 0
     assert _run(["plan", "--help"]).returncode == 0

@@ -92,7 +92,9 @@ def test_table_output():
 def test_unknown_check_is_a_usage_error_listing_ids():
     proc = doctor("--check", "gpu.nope", "--json")
     assert proc.returncode == 2
-    assert proc.stdout == ""
+    # --json: the failure as a document on stdout (cli.main), the line on stderr
+    assert json.loads(proc.stdout)["error"]["exit_code"] == 2
+    assert "unknown --check gpu.nope" in json.loads(proc.stdout)["error"]["message"]
     assert "unknown --check gpu.nope" in proc.stderr
     for cid in ("gpu.memory", "cuda.sm70-probe", "limits.nofile"):
         assert cid in proc.stderr
