@@ -9,6 +9,7 @@ under CI=true, where it fails.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -22,19 +23,9 @@ from sm70ctl.kernels.variants import VARIANTS
 ROOT = Path(__file__).resolve().parents[1]
 NVCC = ROOT / "build" / "ci" / "cuda-12.4" / "bin" / "nvcc"
 SERVE_PY = ROOT / ".serve-venv" / "bin" / "python"
-# what torch.utils.cpp_extension adds for CUDA sources (torch 2.13), minus the arch flags
-TORCH_CUDA_FLAGS = [
-    "-D__CUDA_NO_HALF_OPERATORS__",
-    "-D__CUDA_NO_HALF_CONVERSIONS__",
-    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
-    "-D__CUDA_NO_HALF2_OPERATORS__",
-    "-DTORCH_API_INCLUDE_EXTENSION_H",
-    f"-DTORCH_EXTENSION_NAME={EXTENSION_NAME}",
-    "-D_GLIBCXX_USE_CXX11_ABI=1",
-    "-std=c++17",
-    "--compiler-options",
-    "-fPIC",
-]
+# ours on top of what torch.utils.cpp_extension passes for every CUDA source (asked of the
+# serving torch below, so the flags follow its version instead of being copied here)
+OUR_FLAGS = [f"-DTORCH_EXTENSION_NAME={EXTENSION_NAME}", "-std=c++17", "-Xcompiler", "-fPIC"]
 
 
 def missing(what: str) -> None:
@@ -43,12 +34,18 @@ def missing(what: str) -> None:
     pytest.skip(what)
 
 
-def torch_includes() -> list[str]:
-    code = "import torch.utils.cpp_extension as c; print('\\n'.join(c.include_paths()))"
+def torch_build_flags() -> list[str]:
+    """The serving torch's include paths, common nvcc flags and C++ ABI define."""
+    code = (
+        "import json, torch, torch.utils.cpp_extension as c; print(json.dumps(["
+        "*('-I' + p for p in c.include_paths()), *c.COMMON_NVCC_FLAGS, "
+        "'-DTORCH_API_INCLUDE_EXTENSION_H', "
+        "f'-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}']))"
+    )
     out = subprocess.run(
         [str(SERVE_PY), "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
-    return [line for line in out.stdout.splitlines() if line]
+    return json.loads(out.stdout)
 
 
 def test_torch_extension_compiles_for_sm70_with_nvcc12(tmp_path: Path) -> None:
@@ -67,13 +64,13 @@ def test_torch_extension_compiles_for_sm70_with_nvcc12(tmp_path: Path) -> None:
         str(NVCC),
         "-gencode",
         "arch=compute_70,code=sm_70",
-        *TORCH_CUDA_FLAGS,
+        *torch_build_flags(),
+        *OUR_FLAGS,
         *EXTRA_CUDA_CFLAGS,
         "-I",
         str(CSRC / "kernels"),
         "-I",
         str(tmp_path / "stub"),
-        *[f"-I{p}" for p in torch_includes()],
         "-c",
         str(extension_sources()[0]),
         "-o",
