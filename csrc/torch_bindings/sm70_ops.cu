@@ -133,12 +133,26 @@ Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t gr
   const auto* q = qw.data_ptr<uint8_t>();
   const auto* s = reinterpret_cast<const __half2*>(sz.data_ptr<at::Half>());
   const int n = (int)N, k = (int)K, g = (int)group_size;
-  TORCH_CHECK(ksplit == 0 || ksplit == 1 || ksplit == 4, "ksplit must be 0 (auto), 1 or 4");
-  TORCH_CHECK(kernel >= 0 && kernel <= 9,
+  TORCH_CHECK(kernel >= 0 && kernel <= 11,
               "kernel must be 0 (auto), 1 (classic), 2 or 3 (streamed, M = 1), 4 or 5 "
               "(stream-K, M = 1), 6 or 7 (streamed, x in shared memory, M = 1), 8 or 9 "
-              "(streamed, packed-half math, M = 1), got " + std::to_string(kernel));
-  TORCH_CHECK(kernel < 2 || M == 1,
+              "(streamed, packed-half math, M = 1), 10 (tensor cores, the device's mma) or 11 "
+              "(tensor cores, m8n8k4), got " + std::to_string(kernel));
+  // auto at M = 2..8 (MTP verification) is the tensor-core kernel where its K rules hold:
+  // on the H200 its time is nearly flat in M (1.3-1.7x fp16 F.linear at M = 4) where the
+  // classic kernel's M multiply-adds per byte made it slower than F.linear (0.5-0.8x).
+  // Tiny N stays classic: at N = 48 (in_proj_ba) 4.1-4.9 us against 5.9 (a few blocks,
+  // latency-bound); between 48 and 1024 rows nothing was measured.
+  if (kernel == 0 && M >= 2 && N >= 1024 && sm70::gptq_gemv_tc_fits((int)K, (int)group_size))
+    kernel = 10;
+  const bool tc = kernel == 10 || kernel == 11;
+  TORCH_CHECK(ksplit == 0 || ksplit == 1 || ksplit == 4 || (tc && (ksplit == 2 || ksplit == 8)),
+              "ksplit must be 0 (auto), 1 or 4 (or 2 or 8 for kernels 10, 11), got " +
+                  std::to_string(ksplit));
+  TORCH_CHECK(!tc || sm70::gptq_gemv_tc_fits((int)K, (int)group_size),
+              "kernels 10, 11 (tensor cores) need K and group_size multiples of 128, got K=" +
+                  std::to_string(K) + ", group_size=" + std::to_string(group_size));
+  TORCH_CHECK(kernel < 2 || tc || M == 1,
               "kernel " + std::to_string(kernel) + " (streamed / stream-K) takes M = 1 only, got M = " +
                   std::to_string(M));
   const int kn = (int)kernel;
@@ -152,6 +166,17 @@ Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t gr
   TORCH_CHECK((kn != 4 && kn != 5) || sk_fits, "kernel " + std::to_string(kn) +
                                      " (stream-K) needs N * K < 2^32, got N=" +
                                      std::to_string(N) + ", K=" + std::to_string(K));
+  if (tc) {
+    int major = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                          x.device().index()));
+    // 10: m16n8k16 where m8n8k4 is emulated (sm_80+), Volta's m8n8k4 where it is native
+    const bool native = kn == 10 && major >= 8;
+    sm70::launch_gptq_gemv_tc(native, hptr(x), q, s, bp, hptr_mut(y), (int)M, n, k, g, sms,
+                              (int)ksplit, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return y;
+  }
   if (M == 1 && (kn == 4 || kn == 5)) {
     int* ws = gemv_workspace(stream, (int64_t)sm70::gptq_gemv_sk_workspace_ints(n));
     C10_CUDA_CHECK(sm70::launch_gptq_gemv_sk(kn == 5 ? 5 : 4, hptr(x), q, s, bp, hptr_mut(y), n,

@@ -52,6 +52,12 @@ VARIANTS: tuple[KernelVariant, ...] = (
         KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_stream_kernel<4, {u}, false, true>", 128)
         for u in (1, 2)
     ),
+    # tensor-core GEMV, M = 1..8 (kernels 10, 11): the m8n8k4 variant (the m16n8k16 one is
+    # sm_80+ only, for the H200 test GPU)
+    *(
+        KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_tc_kernel<false, {w}, 1>", 32 * w)
+        for w in (4, 8)
+    ),
     # stream-K M = 1 (kernels 4, 5): R = 4 rows, S = 2 / 3 pipeline stages
     *(
         KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_sk_kernel<4, {s}>", 128)

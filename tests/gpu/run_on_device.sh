@@ -20,4 +20,5 @@ echo "build: $(( $(date +%s) - start )) s"
 $PY -m pytest -q -m gpu --noconftest -p no:cacheprovider -rf tests/gpu "$@" >"$OUT/tests.log" 2>&1
 echo "tests rc=$?"
 grep -E "passed|failed|FAILED|Error" "$OUT/tests.log" | tail -40
-$PY bench/bench_decode_kernels.py --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -30
+# BENCH_ARGS: extra benchmark options, e.g. "--m 1,2,4,8"
+$PY bench/bench_decode_kernels.py --out "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60

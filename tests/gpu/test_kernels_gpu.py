@@ -4,7 +4,9 @@ Run on the device machine (H200: TORCH_CUDA_ARCH_LIST=9.0; V100: 7.0):
     python -m pytest -q -m gpu tests/gpu/test_kernels_gpu.py
 Skips cleanly where torch or a GPU is missing. Tolerances (relative L2 error against a
 float32/float64 reference computed from the same quantised data):
-  GEMV/GEMM  2e-3  (fp16 output rounding; fp16 dequantised weights in the GEMM: 3e-3)
+  GEMV/GEMM  2e-3  (fp16 output rounding; fp16 dequantised weights in the GEMM: 3e-3);
+             per output: the packed-half M = 1 default within u |y| + 2u sum |x w|, the
+             tensor-core kernels within u |y| + 2^-14 sum |x| s (|q - z| + 1280)
   attention  5e-3  (fp16 P and output rounding)  and max abs error 2e-2
   KV write   codes equal except rounding ties (<= 1 code on <= 0.1 % of values)
 """
@@ -361,7 +363,10 @@ def test_gptq_gemv_stream_k_graph_without_warm_up():
         assert rel_err(y, ref.gemv_reference(x, w_t)) < 2e-3, rnd
 
 
-@pytest.mark.parametrize("case,message", [("rows", "M = 1 only"), ("kernel", "kernel must be")])
+@pytest.mark.parametrize(
+    "case,message",
+    [("rows", "M = 1 only"), ("kernel", "kernel must be"), ("tc-k", "multiples of 128")],
+)
 def test_gptq_gemv_stream_k_rejects(case, message):
     """kernel 4 with M = 2 and an unknown kernel id raise a clear RuntimeError (in a child:
     a crash must not end the run)."""
@@ -379,6 +384,87 @@ def test_gptq_gemv_stream_k_rejects(case, message):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert message in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------ GEMV, tensor cores (M = 1..8)
+TENSOR_CORE = [10, 11]  # the device's mma (m16n8k16 on sm_80+), Volta's m8n8k4 (emulated there)
+
+
+def assert_gemv_tc_error(y, x, qw, sz, g, bias, want) -> None:
+    """The tensor-core kernels multiply exactly and sum in fp32 over 128-k units, with the
+    biased codes 1024 + q and the constant -(1024 + z) as operands: every output within the
+    fp16 output rounding plus 2^-14 sum_k |x_k| s_k (|q - z| + 1280), an fp32 accumulation
+    bound with headroom that scales with the biased operands. 16x tighter than the
+    packed-half kernel's bound (2^-10 sum |x w|) on these weights."""
+    k = qw.shape[1]
+    gi = torch.arange(k, device=qw.device) // g
+    s = sz[..., 0].double()[:, gi]
+    z = sz[..., 1].double()[:, gi]
+    big = s * ((qw.double() - z).abs() + 1280.0)
+    mag = x.double().abs() @ big.t()
+    err = (y.double() - want.double()).abs()
+    bound = FP16_U * want.double().abs() + 2.0**-14 * mag
+    assert torch.isfinite(y.double()).all(), "non-finite output"
+    worst = float((err - bound).max())
+    assert worst <= 0, f"error exceeds the bound by {worst:.3g}"
+
+
+@pytest.mark.parametrize("name,n,k", SHAPES, ids=[s[0] for s in SHAPES])
+@pytest.mark.parametrize("kernel", TENSOR_CORE)
+def test_gptq_gemv_tensor_cores_model_shapes(name, n, k, kernel):
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"tc/{name}/{kernel}".encode()))
+    qw, sz = random_repacked(n, k, 128, gen)
+    for m in (1, 2, 3, 4, 8):
+        x = torch.randn(m, k, device="cuda", generator=gen).half()
+        bias = torch.randn(n, device="cuda", generator=gen).half() if m % 2 == 0 else None
+        poison(m * n * 2)
+        y = torch.ops.sm70.gptq_gemv(x, qw, sz, 128, bias, 0, kernel)
+        assert y.shape == (m, n) and y.dtype == torch.float16
+        want = ref.gemv_reference(x, ref.dequant_repacked(qw, sz, 128), bias)
+        assert_gemv_tc_error(y, x, qw, sz, 128, bias, want)
+        assert rel_err(y, want) < 2e-3, m
+
+
+@pytest.mark.parametrize("kernel", TENSOR_CORE)
+@pytest.mark.parametrize("m", [1, 4, 8])
+def test_gptq_gemv_tensor_cores_lm_head(kernel, m):
+    """The int8 lm_head layout (G = K = 5120, zero 128), the full per-GPU vocabulary slice."""
+    gen = torch.Generator(device="cuda").manual_seed(500 + 10 * kernel + m)
+    w = (torch.randn(LM_HEAD_ROWS, HIDDEN, device="cuda", generator=gen) * 0.02).half()
+    qw, sz, g = ref.quantize_lm_head_int8(w)
+    x = torch.randn(m, HIDDEN, device="cuda", generator=gen).half()
+    poison(m * LM_HEAD_ROWS * 2)
+    y = torch.ops.sm70.gptq_gemv(x, qw, sz, g, None, 0, kernel)
+    want = ref.gemv_reference(x, ref.dequant_repacked(qw, sz, g))
+    assert_gemv_tc_error(y, x, qw, sz, g, None, want)
+
+
+@pytest.mark.parametrize("kernel", TENSOR_CORE)
+@pytest.mark.parametrize("ksplit", [0, 1, 2, 4, 8])
+def test_gptq_gemv_tensor_cores_edges(kernel, ksplit):
+    """N not a multiple of the row tile (1, 7, 9, 17, 130), one unit (K = 128), units not a
+    multiple of the split (K = 384, 640, 1152), groups of 256 and G = K, M = 1..8, with and
+    without bias, every K split (1, 2, 4 or 8 warps per row tile)."""
+    gen = torch.Generator(device="cuda").manual_seed(300 + 10 * kernel + ksplit)
+    for n, k, g in [
+        (1, 128, 128),
+        (7, 384, 128),
+        (9, 1280, 256),
+        (17, 1152, 1152),
+        (130, 640, 128),
+        (16, 256, 256),
+        (4099, HIDDEN, HIDDEN),
+    ]:
+        qw, sz = random_repacked(n, k, g, gen)
+        w = ref.dequant_repacked(qw, sz, g)
+        for m in range(1, 9):
+            x = torch.randn(m, k, device="cuda", generator=gen).half()
+            bias = torch.randn(n, device="cuda", generator=gen).half() if m % 3 else None
+            poison(m * n * 2)
+            y = torch.ops.sm70.gptq_gemv(x, qw, sz, g, bias, ksplit, kernel)
+            assert y.shape == (m, n)
+            want = ref.gemv_reference(x, w, bias)
+            assert_gemv_tc_error(y, x, qw, sz, g, bias, want)
 
 
 # ------------------------------------------------------------------ KV cache write
