@@ -42,6 +42,38 @@ struct GemvUnroll {
   static constexpr int value = 2;
 };
 
+// The 16 activations of one 16-code chunk (two uint4 of halves) as floats.
+__device__ __forceinline__ void gemv_x16_to_float(const uint4 (&xv)[2], float (&xf)[16]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const __half2* xh = reinterpret_cast<const __half2*>(&xv[h]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __half22float2(xh[j]);
+      xf[8 * h + 2 * j] = f.x;
+      xf[8 * h + 2 * j + 1] = f.y;
+    }
+  }
+}
+
+// sum_k x_k (q_k - z) over one 16-code chunk in fp32 (the streamed and stream-K kernels'
+// fp32 math; the caller applies the scale): prmt magic numbers, two FMA chains to halve
+// the dependent latency.
+__device__ __forceinline__ float gemv_chunk_dot_f32(const float (&xf)[16], const uint4& w,
+                                                    float z) {
+  const float zf = 8388608.f + z;
+  const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+  float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    p0 = fmaf(xf[4 * q + 0], u8_magic<0>(wv[q]) - zf, p0);
+    p1 = fmaf(xf[4 * q + 1], u8_magic<1>(wv[q]) - zf, p1);
+    p0 = fmaf(xf[4 * q + 2], u8_magic<2>(wv[q]) - zf, p0);
+    p1 = fmaf(xf[4 * q + 3], u8_magic<3>(wv[q]) - zf, p1);
+  }
+  return p0 + p1;
+}
+
 template <int M, int R>
 __global__ void __launch_bounds__(kGemvWarps * 32, M == 1 ? 5 : 1)
     gptq_gemv_kernel(const __half* __restrict__ x,     // [M, K]
@@ -315,30 +347,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (U == 1 || XS) ? 4 : 3)
         }
       } else {
         float xf[16];
+        gemv_x16_to_float(xv, xf);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const __half2* xh = reinterpret_cast<const __half2*>(&xv[h]);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float2 f = __half22float2(xh[j]);
-            xf[8 * h + 2 * j] = f.x;
-            xf[8 * h + 2 * j + 1] = f.y;
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float zf = 8388608.f + __high2float(st.s[u][r]);
-          const uint32_t wv[4] = {st.w[u][r].x, st.w[u][r].y, st.w[u][r].z, st.w[u][r].w};
-          float p0 = 0.f, p1 = 0.f;  // two chains: half the dependent FMA latency
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            p0 = fmaf(xf[4 * q + 0], u8_magic<0>(wv[q]) - zf, p0);
-            p1 = fmaf(xf[4 * q + 1], u8_magic<1>(wv[q]) - zf, p1);
-            p0 = fmaf(xf[4 * q + 2], u8_magic<2>(wv[q]) - zf, p0);
-            p1 = fmaf(xf[4 * q + 3], u8_magic<3>(wv[q]) - zf, p1);
-          }
-          acc[r] = fmaf(__low2float(st.s[u][r]), p0 + p1, acc[r]);
-        }
+        for (int r = 0; r < R; ++r)
+          acc[r] = fmaf(__low2float(st.s[u][r]),
+                        gemv_chunk_dot_f32(xf, st.w[u][r], __high2float(st.s[u][r])), acc[r]);
       }
     }
   };
@@ -479,30 +492,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, S == 2 ? 4 : 3)
   for (int r = 0; r < R; ++r) acc[r] = 0.f;
   auto compute = [&](const Stage& st) {
     float xf[16];
+    gemv_x16_to_float(st.xv, xf);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2* xh = reinterpret_cast<const __half2*>(&st.xv[h]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __half22float2(xh[j]);
-        xf[8 * h + 2 * j] = f.x;
-        xf[8 * h + 2 * j + 1] = f.y;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float zf = 8388608.f + __high2float(st.s[r]);
-      const uint32_t wv[4] = {st.w[r].x, st.w[r].y, st.w[r].z, st.w[r].w};
-      float p0 = 0.f, p1 = 0.f;  // two chains: half the dependent FMA latency
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        p0 = fmaf(xf[4 * q + 0], u8_magic<0>(wv[q]) - zf, p0);
-        p1 = fmaf(xf[4 * q + 1], u8_magic<1>(wv[q]) - zf, p1);
-        p0 = fmaf(xf[4 * q + 2], u8_magic<2>(wv[q]) - zf, p0);
-        p1 = fmaf(xf[4 * q + 3], u8_magic<3>(wv[q]) - zf, p1);
-      }
-      acc[r] = fmaf(__low2float(st.s[r]), p0 + p1, acc[r]);
-    }
+    for (int r = 0; r < R; ++r)
+      acc[r] = fmaf(__low2float(st.s[r]), gemv_chunk_dot_f32(xf, st.w[r], __high2float(st.s[r])),
+                    acc[r]);
   };
 
   // A warp's range has at most two partial segments: its first (the tail of a row set
