@@ -25,6 +25,7 @@ from build_fixtures import (
     sm70ctl,
     write_lock,
 )
+from lock_holder import held_lock
 
 from sm70ctl.build.sources import FetchError, git_checkout
 
@@ -425,23 +426,13 @@ def test_second_concurrent_build_is_refused_and_leaves_work_in_progress(up: Upst
     build_dir = up.root / "build"
     wip = build_dir / "steps" / "archive-vllm" / ".tmp-0123456789abcdef-99999"
     wip.mkdir(parents=True)
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from sm70ctl.serve.lock import FileLock;"
-         "FileLock(sys.argv[1], 'sm70ctl build').acquire(); print('held', flush=True);"
-         "time.sleep(60)", str(build_dir / ".build.lock")],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_lock(build_dir / ".build.lock", "sm70ctl build") as holder:
         res = _build(up)
         assert res.returncode == 1
         assert f"pid {holder.pid}" in res.stderr and "sm70ctl build" in res.stderr
         assert "Traceback" not in res.stderr
         assert wip.is_dir()
         assert not list((build_dir / "steps").glob("*/*.json"))  # nothing was built
-    finally:
-        holder.kill()
-        holder.wait()
     res = _build(up)  # the lock died with its holder
     assert res.returncode == 0, res.stderr
     assert not wip.exists()  # now truly a leftover, and cleaned up
@@ -449,20 +440,10 @@ def test_second_concurrent_build_is_refused_and_leaves_work_in_progress(up: Upst
 
 def test_second_concurrent_mirror_create_is_refused(up: Upstream, tmp_path: Path) -> None:
     mirror = tmp_path / "mirror"
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from sm70ctl.serve.lock import FileLock;"
-         "FileLock(sys.argv[1], 'sm70ctl mirror create').acquire(); print('held', flush=True);"
-         "time.sleep(60)", str(mirror / ".mirror.lock")],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_lock(mirror / ".mirror.lock", "sm70ctl mirror create") as holder:
         res = sm70ctl(["mirror", "create", str(mirror), "--lock", str(up.lock)], up.env())
         assert res.returncode == 1 and "Traceback" not in res.stderr
         assert f"pid {holder.pid}" in res.stderr
         assert not (mirror / "git").exists()
-    finally:
-        holder.kill()
-        holder.wait()
     res = sm70ctl(["mirror", "create", str(mirror), "--lock", str(up.lock)], up.env())
     assert res.returncode == 0, res.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from serve_fakes import alive
 
 from sm70ctl.serve.supervisor import (
     ServerFailed,
@@ -112,15 +113,6 @@ def test_stop_kills_whole_group(tmp_path: Path) -> None:
     assert not alive(child)
     assert not group_has_live_members(server.pid)
     log.close()
-
-
-def alive(pid: int) -> bool:
-    """Running, and not a zombie waiting for a parent that does not reap."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def test_secrets_stay_out_of_reprs_and_server_lines(tmp_path: Path) -> None:

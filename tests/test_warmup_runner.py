@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from lock_holder import held_lock
 from serve_fakes import alive, fake_env, free_port
 
 from sm70ctl.warmup.manifest import DONE, FAILED, NOT_NEEDED, SKIPPED, Step
@@ -142,14 +143,20 @@ def test_no_gpu_warmup_says_what_it_could_not_do(env: dict[str, str], tmp_path: 
     assert not (tmp_path / "starts.txt").exists()
 
 
-def test_interrupted_warmup_leaves_nothing_half_built(env: dict[str, str], tmp_path: Path) -> None:
+def start_warmup_until_server_starts(env: dict[str, str], tmp_path: Path) -> subprocess.Popen:
+    """A warmup whose fake server takes 60 s to come up, returned once that server started."""
     env["FAKE_STARTUP_DELAY"] = "60"
     proc = subprocess.Popen([sys.executable, "-m", "sm70ctl", *warm_args()], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 30
+    while not (tmp_path / "starts.txt").exists() and time.monotonic() < end:
+        time.sleep(0.1)
+    return proc
+
+
+def test_interrupted_warmup_leaves_nothing_half_built(env: dict[str, str], tmp_path: Path) -> None:
+    proc = start_warmup_until_server_starts(env, tmp_path)
     try:
-        end = time.monotonic() + 30
-        while not (tmp_path / "starts.txt").exists() and time.monotonic() < end:
-            time.sleep(0.1)
         building = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
         assert len(building) == 1 and not (building[0] / "manifest.json").exists()
         assert sm70(warm_args("--check"), env).returncode == 1  # in progress counts as cold
@@ -165,21 +172,10 @@ def test_interrupted_warmup_leaves_nothing_half_built(env: dict[str, str], tmp_p
 
 
 def test_concurrent_warmup_refused(env: dict[str, str], tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from sm70ctl.serve.lock import FileLock;"
-         "FileLock(sys.argv[1], 'sm70ctl warmup').acquire(); print('held', flush=True);"
-         "time.sleep(60)", str(cache / ".warmup.lock")],
-        stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_lock(tmp_path / "cache" / ".warmup.lock", "sm70ctl warmup") as holder:
         r = sm70(warm_args(), env)
         assert r.returncode == 1
         assert f"pid {holder.pid}" in r.stderr and "warmup" in r.stderr
-    finally:
-        holder.kill()
-        holder.wait()
     assert not (tmp_path / "starts.txt").exists()
 
 
@@ -211,13 +207,8 @@ def test_damaged_manifest_is_cold_and_rebuilt(env: dict[str, str], tmp_path: Pat
 def test_hangup_during_warmup_leaves_nothing_half_built(env: dict[str, str],
                                                         tmp_path: Path) -> None:
     # A closed terminal (SIGHUP) is an interruption like Ctrl-C, not a sudden death.
-    env["FAKE_STARTUP_DELAY"] = "60"
-    proc = subprocess.Popen([sys.executable, "-m", "sm70ctl", *warm_args()], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_warmup_until_server_starts(env, tmp_path)
     try:
-        end = time.monotonic() + 30
-        while not (tmp_path / "starts.txt").exists() and time.monotonic() < end:
-            time.sleep(0.1)
         server_pid = int((tmp_path / "starts.txt").read_text().split()[1])
         proc.send_signal(signal.SIGHUP)
         _, err = proc.communicate(timeout=30)
