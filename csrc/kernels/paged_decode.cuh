@@ -62,6 +62,7 @@ struct PagedDecodeParams {
 // fp32 accumulators run over thousands of tokens per split and the tensor cores' truncating
 // accumulation turned the 1152 offset into a 7 % output error at 262K (H200, m16n8k16).
 constexpr float kPdBias = 1152.f;
+constexpr float kPdLazy = 8.f;  // log2 units: the running max may trail a row's true max by 2^8
 constexpr uint32_t kPdSignFlip = 0x80808080u;
 __device__ __forceinline__ void u8x4_biased(uint32_t w, uint32_t (&h)[2]) {
   h[0] = __byte_perm(w, 0x64646464u, 0x5140);  // bytes 0, 1
@@ -111,6 +112,7 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
   __shared__ float ksc[kPdTile], vsc[kPdTile];
   __shared__ float row_m[kPdRows], row_l[kPdRows], row_a[kPdRows];
   __shared__ float qpart[kPdWarps][kPdRows];  // per-warp sums of the Q slice, per row
+  __shared__ float row_q[kPdRows];            // the K offset of each row's scores
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -131,6 +133,55 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
     row_l[tid] = 0.f;
     row_a[tid] = 1.f;
   }
+
+  // loader mapping: 16 threads per token row of 256 bytes, 8 token rows per pass
+  const int ld_tok = tid >> 4;  // 0..7
+  const int ld_piece = tid & 15;
+  const int head_off = kvh * p.block_size;
+  const int* bt = p.block_tables + (int64_t)b * p.bt_stride;
+
+  // Cache row (block * Hkv * block_size + head * block_size + offset; the launcher checks
+  // it fits 31 bits) of token t0 + lane. Each lane maps one token and the loaders fetch
+  // their 4 rows by shuffle: one mapping per token per warp instead of 5 per thread (the
+  // per-thread version was a quarter of the kernel's instructions). Tokens past the split
+  // read the split's last token instead: always a valid address, no predicates, and their
+  // scores are masked (P = 0) whatever they hold. The division is a float reciprocal,
+  // exact after one correction step.
+  const int bsz = p.block_size;
+  const float inv_bs = 1.f / (float)bsz;
+  const int blk_stride = Hkv * bsz;
+  auto lane_row = [&](int t0) -> int {
+    const int t = min(t0 + lane, t_end - 1);
+    int blk_i = __float2int_rz((float)t * inv_bs);
+    int off = t - blk_i * bsz;
+    if (off < 0) {
+      --blk_i;
+      off += bsz;
+    } else if (off >= bsz) {
+      ++blk_i;
+      off -= bsz;
+    }
+    return __ldg(bt + blk_i) * blk_stride + head_off + off;
+  };
+
+  uint4 kreg[kPdTile / 8], vreg[kPdTile / 8];
+  float kscr = 0.f, vscr = 0.f;
+  auto load_tile = [&](int t0) {
+    const int my_row = lane_row(t0);
+#pragma unroll
+    for (int j = 0; j < kPdTile / 8; ++j) {
+      const int64_t rowi = __shfl_sync(0xffffffffu, my_row, ld_tok + 8 * j);
+      kreg[j] = __ldg(reinterpret_cast<const uint4*>(p.k_cache + rowi * D) + ld_piece);
+      vreg[j] = __ldg(reinterpret_cast<const uint4*>(p.v_cache + rowi * D) + ld_piece);
+    }
+    if (warp == 0) {  // the tile's 32 scales; the softmax scale rides on the K scale
+      kscr = __ldg(p.k_scale + my_row) * p.scale_log2;
+      vscr = __ldg(p.v_scale + my_row);
+    }
+  };
+
+  // the first tile's loads (block table, then K/V) fly while Q is read and summed
+  if (t_begin < t_end) load_tile(t_begin);
 
   const int gq = lane >> 2, t4 = lane & 3;  // m16n8k16 fragment coordinates
   const int qp = (lane >> 2) & 3;           // m8n8k4 quad pair = row block
@@ -223,58 +274,15 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
 #pragma unroll
     for (int i = 0; i < 8; ++i) oacc[nb][i] = 0.f;
 
-  // loader mapping: 16 threads per token row of 256 bytes, 8 token rows per pass
-  const int ld_tok = tid >> 4;  // 0..7
-  const int ld_piece = tid & 15;
-  const int64_t head_off = (int64_t)kvh * p.block_size;
-  const int* bt = p.block_tables + (int64_t)b * p.bt_stride;
 
-  // token -> (block, offset) without an integer division per token (about 20 instructions
-  // each, 5 per thread per tile): a float reciprocal, exact after one correction step
-  const int bsz = p.block_size;
-  const float inv_bs = 1.f / (float)bsz;
-  auto cache_row = [&](int t) -> int64_t {
-    int blk_i = __float2int_rz((float)t * inv_bs);
-    int off = t - blk_i * bsz;
-    if (off < 0) {
-      --blk_i;
-      off += bsz;
-    } else if (off >= bsz) {
-      ++blk_i;
-      off -= bsz;
-    }
-    return (int64_t)bt[blk_i] * Hkv * bsz + head_off + off;
-  };
-
-  uint4 kreg[kPdTile / 8], vreg[kPdTile / 8];
-  float kscr = 0.f, vscr = 0.f;
-  auto load_tile = [&](int t0) {
-#pragma unroll
-    for (int j = 0; j < kPdTile / 8; ++j) {
-      const int t = t0 + ld_tok + 8 * j;
-      if (t < t_end) {
-        const int64_t rowi = cache_row(t);
-        kreg[j] = __ldg(reinterpret_cast<const uint4*>(p.k_cache + rowi * D) + ld_piece);
-        vreg[j] = __ldg(reinterpret_cast<const uint4*>(p.v_cache + rowi * D) + ld_piece);
-      } else {
-        kreg[j] = make_uint4(0u, 0u, 0u, 0u);
-        vreg[j] = make_uint4(0u, 0u, 0u, 0u);
-      }
-    }
-    if (tid < kPdTile) {
-      const int t = t0 + tid;
-      if (t < t_end) {
-        const int64_t rowi = cache_row(t);
-        kscr = __ldg(p.k_scale + rowi);
-        vscr = __ldg(p.v_scale + rowi);
-      } else {
-        kscr = 0.f;
-        vscr = 0.f;
-      }
-    }
-  };
-
-  if (t_begin < t_end) load_tile(t_begin);
+  // softmax thread layout: TPR threads per query row (rows padded to RP), TPT tokens each;
+  // warps whose rows are all padding skip the softmax (warp 3 always does)
+  constexpr int RP = R <= 8 ? 8 : (R <= 16 ? 16 : 32);
+  constexpr int TPR = kPdWarps * 32 / RP;
+  constexpr int TPT = kPdTile / TPR;
+  __syncthreads();  // qpart complete
+  if (tid < kPdRows)
+    row_q[tid] = kPdBias * (qpart[0][tid] + qpart[1][tid] + qpart[2][tid] + qpart[3][tid]);
 
   float* my_s = ssp[warp];
   for (int t0 = t_begin; t0 < t_end; t0 += kPdTile) {
@@ -357,56 +365,69 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
     }
     __syncthreads();
 
-    // online softmax: 4 threads per row, 8 tokens each; the 4 warps' partials are summed
-    // here, then scaled by the token's K scale and masked: past the split, past the context
-    // or in the row's causal future (row r of QN may see keys <= ctx - QN + r % QN)
-    {
-      const int row = tid >> 2;
-      const int sub = tid & 3;
-      // every lane runs the shuffles; rows >= R are masked to -inf (their partials are
-      // padding or, on the m16n8k16 path with MT = 1, never written)
-      float sv[8];
+    // online softmax: the 4 warps' partial scores are summed here, then offset, scaled by
+    // the token's K scale (times the softmax scale) and masked past the split, past the
+    // context or in the row's causal future. The running maximum is lazy: it moves only
+    // when a tile's maximum exceeds it by more than kPdLazy (P then stays <= 2^kPdLazy, far
+    // inside fp16), so the O rescale in PV runs on a handful of tiles instead of most.
+    if (warp * (32 / TPR) < R) {
+      const int sm_row = tid / TPR;
+      const int sm_sub = tid % TPR;
+      float sv[TPT];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sv[j] = 0.f;
+      for (int j = 0; j < TPT; ++j) sv[j] = 0.f;
 #pragma unroll
       for (int w = 0; w < kPdWarps; ++w) {
-        const float4 x0 = *reinterpret_cast<const float4*>(&ssp[w][row * kPdSPitch + sub * 8]);
-        const float4 x1 = *reinterpret_cast<const float4*>(&ssp[w][row * kPdSPitch + sub * 8 + 4]);
-        sv[0] += x0.x; sv[1] += x0.y; sv[2] += x0.z; sv[3] += x0.w;
-        sv[4] += x1.x; sv[5] += x1.y; sv[6] += x1.z; sv[7] += x1.w;
+        const float* src = &ssp[w][sm_row * kPdSPitch + sm_sub * TPT];
+#pragma unroll
+        for (int j = 0; j < TPT; j += 2) {
+          const float2 x = *reinterpret_cast<const float2*>(src + j);
+          sv[j] += x.x;
+          sv[j + 1] += x.y;
+        }
       }
-      const int limit = row < R ? min(t_end - 1, ctx - QN + (row % QN)) : -1;
-      const float qoff = kPdBias * (qpart[0][row] + qpart[1][row] + qpart[2][row] + qpart[3][row]);
+      // keys row r may see: up to ctx - QN + r % QN (causal among the QN new tokens)
+      const bool full = t0 + kPdTile <= min(t_end, ctx - QN + 1);  // block-uniform: no mask
+      const int limit = sm_row < R ? min(t_end - 1, ctx - QN + (sm_row % QN)) : -1;
+      const float qoff = row_q[sm_row];
       float mx = kNegInf;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int tl = sub * 8 + j;
-        sv[j] = t0 + tl <= limit ? (sv[j] - qoff) * ksc[tl] * p.scale_log2 : kNegInf;
+      for (int j = 0; j < TPT; ++j) {
+        const int tl = sm_sub * TPT + j;
+        sv[j] = (sv[j] - qoff) * ksc[tl];
+        if (!full) sv[j] = t0 + tl <= limit ? sv[j] : kNegInf;
         mx = fmaxf(mx, sv[j]);
       }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_old = row_m[row];
-      const float m_new = fmaxf(m_old, mx);
+#pragma unroll
+      for (int o = 1; o < TPR; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_old = row_m[sm_row];
+      const float m_new = mx > m_old + kPdLazy ? mx : m_old;
       const float m_use = m_new == kNegInf ? 0.f : m_new;
       const float alpha = exp2f(m_old - m_use);
       float sum = 0.f;
-      uint32_t pw[4];
+      uint32_t pw[TPT / 2];
 #pragma unroll
-      for (int j = 0; j < 8; j += 2) {
+      for (int j = 0; j < TPT; j += 2) {
+        const int tl = sm_sub * TPT + j;
         const float e0 = exp2f(sv[j] - m_use), e1 = exp2f(sv[j + 1] - m_use);
         sum += e0 + e1;
-        const __half2 h = __floats2half2_rn(e0 * vsc[sub * 8 + j], e1 * vsc[sub * 8 + j + 1]);
+        const __half2 h = __floats2half2_rn(e0 * vsc[tl], e1 * vsc[tl + 1]);
         pw[j / 2] = *reinterpret_cast<const uint32_t*>(&h);
       }
-      *reinterpret_cast<uint2*>(&ps[row * kPdPPitch + sub * 8]) = make_uint2(pw[0], pw[1]);
-      *reinterpret_cast<uint2*>(&ps[row * kPdPPitch + sub * 8 + 4]) = make_uint2(pw[2], pw[3]);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if (sub == 0) {
-        row_l[row] = row_l[row] * alpha + sum;
-        row_m[row] = m_new;
-        row_a[row] = alpha;
+      __half* dst = &ps[sm_row * kPdPPitch + sm_sub * TPT];
+      if constexpr (TPT == 2) {
+        *reinterpret_cast<uint32_t*>(dst) = pw[0];
+      } else {
+#pragma unroll
+        for (int j = 0; j < TPT / 2; j += 2)
+          *reinterpret_cast<uint2*>(dst + 2 * j) = make_uint2(pw[j], pw[j + 1]);
+      }
+#pragma unroll
+      for (int o = 1; o < TPR; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (sm_sub == 0 && sm_row < R) {  // padding rows keep alpha = 1 (no rescale)
+        row_l[sm_row] = row_l[sm_row] * alpha + sum;
+        row_m[sm_row] = m_new;
+        row_a[sm_row] = alpha;
       }
     }
     __syncthreads();
@@ -416,7 +437,7 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
       const int r0 = qp * 8 + (lane & 1) + 4 * hi;
       const float a0 = row_a[r0], a1 = row_a[r0 + 2];
       // once the running maxima settle, alpha is 1 for every row: skip the 64 multiplies
-      if (__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f)) {
+      if (__builtin_expect(__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f), 0)) {
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
@@ -448,7 +469,7 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
         al[q] = row_a[8 * q + gq];
         rescale |= al[q] != 1.f;
       }
-      if (__any_sync(0xffffffffu, rescale)) {  // alpha is 1 once the maxima settle
+      if (__builtin_expect(__any_sync(0xffffffffu, rescale), 0)) {  // rare: the max is lazy
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll

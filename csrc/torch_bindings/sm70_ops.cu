@@ -256,6 +256,9 @@ Tensor paged_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
                   v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes(),
               "caches must be contiguous [num_blocks, Hkv, block_size, 256]");
   TORCH_CHECK(k_scale.is_contiguous() && v_scale.is_contiguous(), "scales must be contiguous");
+  // the kernel indexes cache rows (token x head, 256 bytes each) with 31-bit integers
+  TORCH_CHECK(k_cache.numel() / 256 <= INT32_MAX,
+              "the KV cache must hold at most 2^31 - 1 token-head rows (512 GiB per cache)");
   const int64_t hkv = k_cache.size(1);
   const int64_t hq = q.size(1);
   TORCH_CHECK(hq == hkv * 6, "GQA 6:1 expected: Hq = " + std::to_string(hq) + ", Hkv = " + std::to_string(hkv));

@@ -569,6 +569,26 @@ def test_paged_decode_splits_agree():
 
 
 @pytest.mark.parametrize("mma", mma_paths())
+@pytest.mark.parametrize("qn,splits", [(1, 1), (4, 1), (1, 5), (4, 9)])
+def test_paged_decode_rising_scores(qn, splits, mma):
+    """K scales that grow along the context move each row's maximum by ~40 (log2 units) in
+    steps of several tiles: the kernel's lazy running maximum has to rescale O repeatedly
+    (random caches settle after the first tile and never exercise that path)."""
+    gen = torch.Generator(device="cuda").manual_seed(77 + qn + splits)
+    ctx, bs = 3000, 16
+    k_cache, v_cache, k_scale, v_scale, tables, seq = fill_paged([ctx], bs, gen=gen)
+    n = math.ceil(ctx / bs)
+    ramp = torch.linspace(0.01, 0.12, n * bs, device="cuda").view(n, 1, bs)
+    k_scale[tables[0, :n].long()] = ramp
+    cache = (k_cache, v_cache, k_scale, v_scale, tables, seq)
+    q = torch.randn(qn, 12, 256, device="cuda", generator=gen).half()
+    out = torch.ops.sm70.paged_decode(q, *cache, qn, 0.0625, splits, mma)
+    want = ref.paged_decode_reference(q, *cache, qn, 0.0625)
+    assert rel_err(out, want) < 5e-3
+    assert float((out.float() - want).abs().max()) < 2e-2
+
+
+@pytest.mark.parametrize("mma", mma_paths())
 @pytest.mark.parametrize("qn", [1, 4])
 def test_paged_decode_262k(qn, mma):
     gen = torch.Generator(device="cuda").manual_seed(262 + qn)
