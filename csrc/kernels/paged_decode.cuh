@@ -105,9 +105,19 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
   constexpr int KP = PdKPitch<NATIVE>::value;
   constexpr int MT = (R + 15) / 16;  // m16 row tiles the m16n8k16 path needs
   static_assert(R <= kPdRows, "at most 32 query rows per KV head");
+  // partial-score rows kept: one m16 row tile (QN <= 2) writes only the 8-row halves
+  // holding real rows, which keeps static shared memory under 48 KB with V double-buffered;
+  // the rest keep all 32 (skipping the padding half at QN = 4 cost the H200 6 %: more
+  // spills in the loop at the 168-register cap)
+  constexpr int SR = NATIVE && MT == 1 ? (R + 7) / 8 * 8 : kPdRows;
+  // PV of tile i - 1 beside QK^T of tile i (one barrier fewer, two independent chains per
+  // phase); not for two m16 row tiles (QN = 3, 4) on m16n8k16, where the H200 ran 5 %
+  // slower with it at the 168-register cap of 3 blocks per SM
+  constexpr bool PIPE = !NATIVE || MT == 1;
   __shared__ __align__(16) int8_t ks[kPdTile * KP];
-  __shared__ __align__(16) int8_t vs[kPdTile * kPdVPitch];
-  __shared__ __align__(16) float ssp[kPdWarps][kPdRows * kPdSPitch];  // partial scores
+  // V is double-buffered when PV of the previous tile runs beside QK^T of this one
+  __shared__ __align__(16) int8_t vs[PIPE ? 2 : 1][kPdTile * kPdVPitch];
+  __shared__ __align__(16) float ssp[kPdWarps][SR * kPdSPitch];  // partial scores
   __shared__ __align__(8) __half ps[kPdRows * kPdPPitch];
   __shared__ float ksc[kPdTile], vsc[kPdTile];
   __shared__ float row_m[kPdRows], row_l[kPdRows], row_a[kPdRows];
@@ -284,9 +294,93 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
   if (tid < kPdRows)
     row_q[tid] = kPdBias * (qpart[0][tid] + qpart[1][tid] + qpart[2][tid] + qpart[3][tid]);
 
+  // O = O * alpha + P V for dims 64*warp .. +63 of the tile whose V is in vb and whose P
+  // and alpha the last softmax left in ps / row_a
+  auto pv = [&](const int8_t* vb) {
+    if constexpr (!NATIVE) {
+      const int r0 = qp * 8 + (lane & 1) + 4 * hi;
+      const float a0 = row_a[r0], a1 = row_a[r0 + 2];
+      // once the running maxima settle, alpha is 1 for every row: skip the 64 multiplies
+      if (__builtin_expect(__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f), 0)) {
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) oacc[nb][i] *= (i & 2) ? a1 : a0;
+      }
+      const __half* prow = &ps[arow * kPdPPitch];
+#pragma unroll
+      for (int kk = 0; kk < kPdTile / 4; ++kk) {
+        const uint2 a2 = *reinterpret_cast<const uint2*>(prow + 4 * kk);
+        const uint32_t a[2] = {a2.x, a2.y};
+        const int8_t* vrow = &vb[(4 * kk + l4) * kPdVPitch + dbase + 4 * hi];
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb) {
+          uint32_t bb[2];
+          u8x4_biased(*reinterpret_cast<const uint32_t*>(vrow + 8 * nb), bb);
+          bb[0] = pd_unbias(bb[0]);
+          bb[1] = pd_unbias(bb[1]);
+          mma_m8n8k4_rr(oacc[nb], a, bb);
+        }
+      }
+    } else {
+      // n-tile nt = 4h + jj, fragment column c -> head dim dbase + 32h + 4c + jj, so one
+      // 4-byte V read (4 dims of one token) feeds 4 n-tiles: 8 reads per 16 tokens instead
+      // of 32 single bytes. oacc[nt][4 mt + j]: row 16 mt + g + 8 (j >> 1), column 2t + (j & 1)
+      float al[2 * MT];
+      bool rescale = false;
+#pragma unroll
+      for (int q = 0; q < 2 * MT; ++q) {
+        al[q] = row_a[8 * q + gq];
+        rescale |= al[q] != 1.f;
+      }
+      if (__builtin_expect(__any_sync(0xffffffffu, rescale), 0)) {  // rare: the max is lazy
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4 * MT; ++i) oacc[nt][i] *= al[i >> 1];
+      }
+#pragma unroll
+      for (int kk = 0; kk < kPdTile / 16; ++kk) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const __half* p0 = &ps[(16 * mt + gq) * kPdPPitch + 16 * kk + 2 * t4];
+          a[mt][0] = *reinterpret_cast<const uint32_t*>(p0);
+          a[mt][1] = *reinterpret_cast<const uint32_t*>(p0 + 8 * kPdPPitch);
+          a[mt][2] = *reinterpret_cast<const uint32_t*>(p0 + 8);
+          a[mt][3] = *reinterpret_cast<const uint32_t*>(p0 + 8 * kPdPPitch + 8);
+        }
+        // B rows (tokens) 2t, 2t+1, 2t+8, 2t+9 of this 16-token step
+        const int8_t* v0 = &vb[(16 * kk + 2 * t4) * kPdVPitch + dbase + 4 * gq];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t r0 = *reinterpret_cast<const uint32_t*>(v0 + 32 * h);
+          const uint32_t r1 = *reinterpret_cast<const uint32_t*>(v0 + kPdVPitch + 32 * h);
+          const uint32_t r8 = *reinterpret_cast<const uint32_t*>(v0 + 8 * kPdVPitch + 32 * h);
+          const uint32_t r9 = *reinterpret_cast<const uint32_t*>(v0 + 9 * kPdVPitch + 32 * h);
+          // interleave token pairs byte by byte, then each dim's pair becomes a half2
+          const uint32_t p01[2] = {__byte_perm(r0, r1, 0x5140), __byte_perm(r0, r1, 0x7362)};
+          const uint32_t p89[2] = {__byte_perm(r8, r9, 0x5140), __byte_perm(r8, r9, 0x7362)};
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            const uint32_t sel = (jj & 1) ? 0x7362u : 0x5140u;
+            const uint32_t bb[2] = {pd_unbias(__byte_perm(p01[jj >> 1], 0x64646464u, sel)),
+                                    pd_unbias(__byte_perm(p89[jj >> 1], 0x64646464u, sel))};
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              float* acc = &oacc[4 * h + jj][4 * mt];
+              mma_m16n8k16(*reinterpret_cast<float(*)[4]>(acc), a[mt], bb);
+            }
+          }
+        }
+      }
+    }
+  };
+
+  int vbuf = 0;
   float* my_s = ssp[warp];
   for (int t0 = t_begin; t0 < t_end; t0 += kPdTile) {
-    __syncthreads();  // the previous tile's readers of ks / vs / ps are done
+    __syncthreads();  // the previous tile's QK^T, PV and softmax are done
 #pragma unroll
     for (int j = 0; j < kPdTile / 8; ++j) {
       const uint4 kf = make_uint4(kreg[j].x ^ kPdSignFlip, kreg[j].y ^ kPdSignFlip,
@@ -294,7 +388,7 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
       const uint4 vf = make_uint4(vreg[j].x ^ kPdSignFlip, vreg[j].y ^ kPdSignFlip,
                                   vreg[j].z ^ kPdSignFlip, vreg[j].w ^ kPdSignFlip);
       *reinterpret_cast<uint4*>(&ks[(ld_tok + 8 * j) * KP + ld_piece * 16]) = kf;
-      *reinterpret_cast<uint4*>(&vs[(ld_tok + 8 * j) * kPdVPitch + ld_piece * 16]) = vf;
+      *reinterpret_cast<uint4*>(&vs[vbuf][(ld_tok + 8 * j) * kPdVPitch + ld_piece * 16]) = vf;
     }
     if (tid < kPdTile) {
       ksc[tid] = kscr;
@@ -359,9 +453,15 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            *reinterpret_cast<float2*>(&my_s[(16 * mt + gq + 8 * h) * kPdSPitch + 8 * nt + 2 * t4]) =
-                make_float2(sacc[mt][2 * h], sacc[mt][2 * h + 1]);
+            if (16 * mt + 8 * h < SR)  // compile-time: halves of padding rows are not kept
+              *reinterpret_cast<float2*>(&my_s[(16 * mt + gq + 8 * h) * kPdSPitch + 8 * nt + 2 * t4]) =
+                  make_float2(sacc[mt][2 * h], sacc[mt][2 * h + 1]);
       }
+    }
+    // PV of the previous tile (its V in the other buffer) is independent of the QK^T
+    // above: the two overlap, and one barrier per tile goes
+    if constexpr (PIPE) {
+      if (t0 > t_begin) pv(vs[vbuf ^ 1]);
     }
     __syncthreads();
 
@@ -430,87 +530,15 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
         row_a[sm_row] = alpha;
       }
     }
-    __syncthreads();
-
-    // O = O * alpha + P V for dims 64*warp .. +63
-    if constexpr (!NATIVE) {
-      const int r0 = qp * 8 + (lane & 1) + 4 * hi;
-      const float a0 = row_a[r0], a1 = row_a[r0 + 2];
-      // once the running maxima settle, alpha is 1 for every row: skip the 64 multiplies
-      if (__builtin_expect(__any_sync(0xffffffffu, a0 != 1.f || a1 != 1.f), 0)) {
-#pragma unroll
-        for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-          for (int i = 0; i < 8; ++i) oacc[nb][i] *= (i & 2) ? a1 : a0;
-      }
-      const __half* prow = &ps[arow * kPdPPitch];
-#pragma unroll
-      for (int kk = 0; kk < kPdTile / 4; ++kk) {
-        const uint2 a2 = *reinterpret_cast<const uint2*>(prow + 4 * kk);
-        const uint32_t a[2] = {a2.x, a2.y};
-        const int8_t* vrow = &vs[(4 * kk + l4) * kPdVPitch + dbase + 4 * hi];
-#pragma unroll
-        for (int nb = 0; nb < 8; ++nb) {
-          uint32_t bb[2];
-          u8x4_biased(*reinterpret_cast<const uint32_t*>(vrow + 8 * nb), bb);
-          bb[0] = pd_unbias(bb[0]);
-          bb[1] = pd_unbias(bb[1]);
-          mma_m8n8k4_rr(oacc[nb], a, bb);
-        }
-      }
-    } else {
-      // n-tile nt = 4h + jj, fragment column c -> head dim dbase + 32h + 4c + jj, so one
-      // 4-byte V read (4 dims of one token) feeds 4 n-tiles: 8 reads per 16 tokens instead
-      // of 32 single bytes. oacc[nt][4 mt + j]: row 16 mt + g + 8 (j >> 1), column 2t + (j & 1)
-      float al[2 * MT];
-      bool rescale = false;
-#pragma unroll
-      for (int q = 0; q < 2 * MT; ++q) {
-        al[q] = row_a[8 * q + gq];
-        rescale |= al[q] != 1.f;
-      }
-      if (__builtin_expect(__any_sync(0xffffffffu, rescale), 0)) {  // rare: the max is lazy
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4 * MT; ++i) oacc[nt][i] *= al[i >> 1];
-      }
-#pragma unroll
-      for (int kk = 0; kk < kPdTile / 16; ++kk) {
-        uint32_t a[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const __half* p0 = &ps[(16 * mt + gq) * kPdPPitch + 16 * kk + 2 * t4];
-          a[mt][0] = *reinterpret_cast<const uint32_t*>(p0);
-          a[mt][1] = *reinterpret_cast<const uint32_t*>(p0 + 8 * kPdPPitch);
-          a[mt][2] = *reinterpret_cast<const uint32_t*>(p0 + 8);
-          a[mt][3] = *reinterpret_cast<const uint32_t*>(p0 + 8 * kPdPPitch + 8);
-        }
-        // B rows (tokens) 2t, 2t+1, 2t+8, 2t+9 of this 16-token step
-        const int8_t* v0 = &vs[(16 * kk + 2 * t4) * kPdVPitch + dbase + 4 * gq];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t r0 = *reinterpret_cast<const uint32_t*>(v0 + 32 * h);
-          const uint32_t r1 = *reinterpret_cast<const uint32_t*>(v0 + kPdVPitch + 32 * h);
-          const uint32_t r8 = *reinterpret_cast<const uint32_t*>(v0 + 8 * kPdVPitch + 32 * h);
-          const uint32_t r9 = *reinterpret_cast<const uint32_t*>(v0 + 9 * kPdVPitch + 32 * h);
-          // interleave token pairs byte by byte, then each dim's pair becomes a half2
-          const uint32_t p01[2] = {__byte_perm(r0, r1, 0x5140), __byte_perm(r0, r1, 0x7362)};
-          const uint32_t p89[2] = {__byte_perm(r8, r9, 0x5140), __byte_perm(r8, r9, 0x7362)};
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            const uint32_t sel = (jj & 1) ? 0x7362u : 0x5140u;
-            const uint32_t bb[2] = {pd_unbias(__byte_perm(p01[jj >> 1], 0x64646464u, sel)),
-                                    pd_unbias(__byte_perm(p89[jj >> 1], 0x64646464u, sel))};
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-              float* acc = &oacc[4 * h + jj][4 * mt];
-              mma_m16n8k16(*reinterpret_cast<float(*)[4]>(acc), a[mt], bb);
-            }
-          }
-        }
-      }
+    if constexpr (!PIPE) {
+      __syncthreads();
+      pv(vs[vbuf]);
     }
+    if constexpr (PIPE) vbuf ^= 1;
+  }
+  if (PIPE && t_begin < t_end) {
+    __syncthreads();  // the last softmax's P and alpha
+    pv(vs[vbuf ^ 1]);
   }
   __syncthreads();
 
@@ -569,10 +597,10 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
   }
 }
 
-// Combine the splits. One block per (sequence, KV head, row, 16-dim slice), 256 threads.
-// Each thread reads the (max, sum) of splits tid, tid + 256, .. once into registers (one
-// round trip, not three as before), then 4 lanes of 4 dims x 64 groups of splits sum
-// every 64th split's partial with independent 16-byte loads, joined in shared memory.
+// Combine the splits. One block per (sequence, KV head, row, 16-dim slice), 256 threads:
+// 4 lanes of 4 dims x 64 groups of splits. Each thread loads the (max, sum) of splits tid,
+// tid + 256, .. and (QN <= 2) its first 4 partials (every 64th split) at once, one round
+// trip for up to 256 splits; the weighted sums meet in shared memory.
 // (The first version, one thread per dim walking all splits, had 12 blocks at batch 1 and
 // took about 30 us at 256 splits: latency-bound, as long as the decode kernel itself.)
 constexpr int kPdMaxSplits = 1024;
@@ -581,6 +609,7 @@ constexpr int kPdRedDims = 16;                             // dims per reduce bl
 constexpr int kPdRedLanes = kPdRedDims / 4;                // float4 lanes
 constexpr int kPdRedGroups = kPdRedThreads / kPdRedLanes;  // split groups (64)
 constexpr int kPdRedPerThread = kPdMaxSplits / kPdRedThreads;
+constexpr int kPdRedPre = 4;  // partials per thread loaded up front (256 splits, QN <= 2)
 
 template <int G, int QN>
 __global__ void __launch_bounds__(kPdRedThreads)
@@ -599,6 +628,20 @@ __global__ void __launch_bounds__(kPdRedThreads)
   const int lane = tid & 31, warp = tid >> 5;
   const int S = p.num_splits;
   const int64_t base = ((int64_t)b * p.num_kv_heads + kvh) * S;
+  // this thread's partials (every 64th split, 4 dims) are loaded before the weights are
+  // known, beside the (max, sum) loads: one global round trip instead of two
+  const int dl = tid % kPdRedLanes, sg = tid / kPdRedLanes;
+  const float* po = p.part_o + (base * R + row) * D + kPdRedDims * dq + 4 * dl;
+  // QN >= 3 (768+ blocks at batch 1) loads them after the weights: the 8 extra registers
+  // would cost a sixth block per SM and a second wave
+  constexpr int PRE = R <= 12 ? kPdRedPre : 0;
+  float4 pv[PRE > 0 ? PRE : 1];
+#pragma unroll
+  for (int j = 0; j < PRE; ++j) {
+    const int s = sg + j * kPdRedGroups;
+    pv[j] = s < S ? *reinterpret_cast<const float4*>(po + (int64_t)s * R * D)
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   float ms[kPdRedPerThread], ls[kPdRedPerThread];
   float mx = kNegInf;
 #pragma unroll
@@ -635,18 +678,21 @@ __global__ void __launch_bounds__(kPdRedThreads)
   den = 0.f;
 #pragma unroll
   for (int w = 0; w < kPdRedThreads / 32; ++w) den += red[w];
-  const int dl = tid % kPdRedLanes, sg = tid / kPdRedLanes;
-  const float* po = p.part_o + (base * R + row) * D + kPdRedDims * dq + 4 * dl;
   float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-  for (int s = sg; s < S; s += kPdRedGroups) {
-    const float4 v = *reinterpret_cast<const float4*>(po + (int64_t)s * R * D);
-    const float w = wgt[s];
+  auto add = [&](float w, const float4& v) {
     num.x += w * v.x;
     num.y += w * v.y;
     num.z += w * v.z;
     num.w += w * v.w;
+  };
+#pragma unroll
+  for (int j = 0; j < PRE; ++j) {
+    const int s = sg + j * kPdRedGroups;
+    add(s < S ? wgt[s] : 0.f, pv[j]);
   }
+#pragma unroll 4
+  for (int s = sg + PRE * kPdRedGroups; s < S; s += kPdRedGroups)
+    add(wgt[s], *reinterpret_cast<const float4*>(po + (int64_t)s * R * D));
   acc_s[sg][dl] = num;
   __syncthreads();
   if (tid < kPdRedDims) {
