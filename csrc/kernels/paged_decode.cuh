@@ -7,8 +7,11 @@
 // cores: mma.m8n8k4 with quad pair p holding query rows 8p..8p+7. K and V stay int8 in
 // shared memory and turn into exact fp16 integers when loaded into fragments; the
 // per-token K scale multiplies the scores, the per-token V scale is folded into P.
-// Flash-decoding: each split covers a contiguous token range and writes an unnormalised
-// partial output plus (max, sum); paged_decode_reduce_kernel combines the splits.
+// Tiles of 32 tokens: the next tile's K/V rows are loaded into registers while this one is
+// computed; per tile QK^T (and, for QN <= 2 and on Volta, PV of the previous tile beside
+// it), then the online softmax: three barriers. Flash-decoding: each split covers a
+// contiguous token range and writes an unnormalised partial output plus (max, sum);
+// paged_decode_reduce_kernel combines the splits.
 // Query row r of a block is query head kvh*G + r / QN at token offset r % QN.
 // NATIVE = true swaps the two products for mma.m16n8k16 (sm_80+ only), everything else
 // unchanged: on Hopper m8n8k4 is emulated, so the test GPU measures the memory pipeline
@@ -87,7 +90,7 @@ __device__ __forceinline__ const __half* pd_qrow(const PagedDecodeParams& p, int
 // memory for every 8 tokens: 2 KB of shared-memory traffic per token, the kernel's
 // bottleneck on the H200). The four partial score tiles meet in shared memory, where the
 // softmax threads add them. PV keeps the same split: warp w accumulates O for its 64 dims.
-// Resident blocks per SM the register budget is capped for. V100: 2 (38 KB of static
+// Resident blocks per SM the register budget is capped for. V100: 2 (47 KB of static
 // shared memory per block, 96 KB per SM). H200 m16n8k16: 4 with one row tile (QN <= 2),
 // 3 with two (QN = 4; QN = 3 spills at 168 registers, so 2); the split count should fill
 // exactly those slots (one wave): the launcher's caller asks the driver

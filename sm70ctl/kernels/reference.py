@@ -215,7 +215,7 @@ def decode_num_splits(
     Every block of a split-K launch does the same work, so a grid of 1.3 waves costs two
     block durations; the largest split count whose grid still fits the resident blocks at
     once is the fastest. ctas_per_sm: decode blocks resident per SM, as
-    torch.ops.sm70.paged_decode_blocks_per_sm reports it: 2 on V100 (38 KB of static shared
+    torch.ops.sm70.paged_decode_blocks_per_sm reports it: 2 on V100 (47 KB of static shared
     memory each, 96 KB per SM); on the H200's m16n8k16 path 4 for QN <= 2, 3 for QN = 4.
     """
     slots = max(1, ctas_per_sm) * max(1, sm_count)
