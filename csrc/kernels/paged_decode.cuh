@@ -10,7 +10,8 @@
 // Tiles of 32 tokens: the next tile's K/V rows are loaded into registers while this one is
 // computed; per tile QK^T (and, for QN <= 2 and on Volta, PV of the previous tile beside
 // it), then the online softmax: three barriers. Flash-decoding: each split covers a
-// contiguous token range and writes an unnormalised partial output plus (max, sum);
+// contiguous token range and writes its partial output normalised by its own sum (fp16)
+// plus (max, sum);
 // paged_decode_reduce_kernel combines the splits.
 // Query row r of a block is query head kvh*G + r / QN at token offset r % QN.
 // NATIVE = true swaps the two products for mma.m16n8k16 (sm_80+ only), everything else
@@ -46,7 +47,7 @@ struct PagedDecodeParams {
   const int* block_tables;  // [B, bt_stride]
   const int* seq_lens;      // [B], context length including the QN new tokens
   __half* out;              // [B*QN, Hq, D], token stride out_tok_stride
-  float* part_o;            // [B, Hkv, S, G*QN, D] (only when num_splits > 1)
+  __half* part_o;           // [B, Hkv, S, G*QN, D] (num_splits > 1), O / l of the split
   float* part_ml;           // [B, Hkv, S, G*QN, 2]
   int64_t q_tok_stride;
   int64_t out_tok_stride;
@@ -545,25 +546,29 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
   }
   __syncthreads();
 
-  // write back: normalised output (one split) or the unnormalised partial
+  // write back: the output (one split) or the split's partial
   const int64_t base = (((int64_t)b * Hkv + kvh) * p.num_splits + split) * R;
   auto emit = [&](int row, int dim, const float* v, int n) {  // n adjacent dims
     if (row >= R) return;
+    // normalised either way: the output, or the split's partial in fp16 (bounded by the
+    // largest |V|, so fp16 holds it; half the bytes of the fp32 unnormalised partial the
+    // reduce used to read, 10 MB each way at 64K for 4 rows)
+    const float l = row_l[row];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    __half* dst;
     if (p.num_splits == 1) {
-      const float l = row_l[row];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
       const int g = row / QN, qi = row % QN;
-      __half* dst = p.out + (int64_t)(b * QN + qi) * p.out_tok_stride +
-                    (int64_t)(kvh * G + g) * D + dim;
-      for (int i = 0; i < n; i += 2)
-        *reinterpret_cast<__half2*>(dst + i) = __floats2half2_rn(v[i] * inv, v[i + 1] * inv);
+      dst = p.out + (int64_t)(b * QN + qi) * p.out_tok_stride + (int64_t)(kvh * G + g) * D + dim;
     } else {
-      float* dst = p.part_o + (base + row) * D + dim;
-      if (n == 4) {
-        *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
-      } else {
-        *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
-      }
+      dst = p.part_o + (base + row) * D + dim;
+    }
+    if (n == 4) {
+      const __half2 h0 = __floats2half2_rn(v[0] * inv, v[1] * inv);
+      const __half2 h1 = __floats2half2_rn(v[2] * inv, v[3] * inv);
+      *reinterpret_cast<uint2*>(dst) = make_uint2(*reinterpret_cast<const uint32_t*>(&h0),
+                                                  *reinterpret_cast<const uint32_t*>(&h1));
+    } else {
+      *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(v[0] * inv, v[1] * inv);
     }
   };
   if constexpr (!NATIVE) {
@@ -602,8 +607,10 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
 
 // Combine the splits. One block per (sequence, KV head, row, 16-dim slice), 256 threads:
 // 4 lanes of 4 dims x 64 groups of splits. Each thread loads the (max, sum) of splits tid,
-// tid + 256, .. and (QN <= 2) its first 4 partials (every 64th split) at once, one round
-// trip for up to 256 splits; the weighted sums meet in shared memory.
+// tid + 256, .. and its first 4 fp16 partials (every 64th split) at once, one round trip
+// for up to 256 splits (32 registers: the 768 blocks of QN = 4 stay one wave on the H200);
+// each partial is weighted by exp2(m - max) * l, and the weighted sums meet in shared
+// memory.
 // (The first version, one thread per dim walking all splits, had 12 blocks at batch 1 and
 // took about 30 us at 256 splits: latency-bound, as long as the decode kernel itself.)
 constexpr int kPdMaxSplits = 1024;
@@ -612,7 +619,7 @@ constexpr int kPdRedDims = 16;                             // dims per reduce bl
 constexpr int kPdRedLanes = kPdRedDims / 4;                // float4 lanes
 constexpr int kPdRedGroups = kPdRedThreads / kPdRedLanes;  // split groups (64)
 constexpr int kPdRedPerThread = kPdMaxSplits / kPdRedThreads;
-constexpr int kPdRedPre = 4;  // partials per thread loaded up front (256 splits, QN <= 2)
+constexpr int kPdRedPre = 4;  // partials per thread loaded up front (up to 256 splits)
 
 template <int G, int QN>
 __global__ void __launch_bounds__(kPdRedThreads)
@@ -634,16 +641,18 @@ __global__ void __launch_bounds__(kPdRedThreads)
   // this thread's partials (every 64th split, 4 dims) are loaded before the weights are
   // known, beside the (max, sum) loads: one global round trip instead of two
   const int dl = tid % kPdRedLanes, sg = tid / kPdRedLanes;
-  const float* po = p.part_o + (base * R + row) * D + kPdRedDims * dq + 4 * dl;
-  // QN >= 3 (768+ blocks at batch 1) loads them after the weights: the 8 extra registers
-  // would cost a sixth block per SM and a second wave
-  constexpr int PRE = R <= 12 ? kPdRedPre : 0;
-  float4 pv[PRE > 0 ? PRE : 1];
+  const __half* po = p.part_o + (base * R + row) * D + kPdRedDims * dq + 4 * dl;
+  auto load4 = [&](int s) {  // 4 fp16 dims of split s's partial
+    const uint2 u = *reinterpret_cast<const uint2*>(po + (int64_t)s * R * D);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+    const float2 c = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+    return make_float4(a.x, a.y, c.x, c.y);
+  };
+  float4 pv[kPdRedPre];
 #pragma unroll
-  for (int j = 0; j < PRE; ++j) {
+  for (int j = 0; j < kPdRedPre; ++j) {
     const int s = sg + j * kPdRedGroups;
-    pv[j] = s < S ? *reinterpret_cast<const float4*>(po + (int64_t)s * R * D)
-                  : make_float4(0.f, 0.f, 0.f, 0.f);
+    pv[j] = s < S ? load4(s) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   float ms[kPdRedPerThread], ls[kPdRedPerThread];
   float mx = kNegInf;
@@ -670,9 +679,9 @@ __global__ void __launch_bounds__(kPdRedThreads)
 #pragma unroll
   for (int i = 0; i < kPdRedPerThread; ++i) {
     const int s = tid + i * kPdRedThreads;
-    const float w = exp2f(ms[i] - m_use);
+    const float w = exp2f(ms[i] - m_use) * ls[i];  // the partials are already divided by l
     if (s < S) wgt[s] = w;
-    den += w * ls[i];
+    den += w;
   }
   den = warp_sum(den);
   __syncthreads();  // everyone has read red (the max) before it is reused
@@ -689,13 +698,13 @@ __global__ void __launch_bounds__(kPdRedThreads)
     num.w += w * v.w;
   };
 #pragma unroll
-  for (int j = 0; j < PRE; ++j) {
+  for (int j = 0; j < kPdRedPre; ++j) {
     const int s = sg + j * kPdRedGroups;
     add(s < S ? wgt[s] : 0.f, pv[j]);
   }
 #pragma unroll 4
-  for (int s = sg + PRE * kPdRedGroups; s < S; s += kPdRedGroups)
-    add(wgt[s], *reinterpret_cast<const float4*>(po + (int64_t)s * R * D));
+  for (int s = sg + kPdRedPre * kPdRedGroups; s < S; s += kPdRedGroups)  // S > 256 only
+    add(wgt[s], load4(s));
   acc_s[sg][dl] = num;
   __syncthreads();
   if (tid < kPdRedDims) {

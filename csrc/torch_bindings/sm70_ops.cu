@@ -282,9 +282,9 @@ Tensor paged_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   Tensor part_o, part_ml;
   sm70::PagedDecodeParams p{};
   if (num_splits > 1) {
-    part_o = at::empty({batch, hkv, num_splits, rows, 256}, q.options().dtype(at::kFloat));
+    part_o = at::empty({batch, hkv, num_splits, rows, 256}, q.options());  // fp16
     part_ml = at::empty({batch, hkv, num_splits, rows, 2}, q.options().dtype(at::kFloat));
-    p.part_o = part_o.data_ptr<float>();
+    p.part_o = hptr_mut(part_o);
     p.part_ml = part_ml.data_ptr<float>();
   }
   p.q = hptr(q);
