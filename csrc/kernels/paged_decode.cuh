@@ -11,8 +11,7 @@
 // computed; per tile QK^T (and, for QN <= 2 and on Volta, PV of the previous tile beside
 // it), then the online softmax: three barriers. Flash-decoding: each split covers a
 // contiguous token range and writes its partial output normalised by its own sum (fp16)
-// plus (max, sum);
-// paged_decode_reduce_kernel combines the splits.
+// plus (max, sum); paged_decode_reduce_kernel combines the splits.
 // Query row r of a block is query head kvh*G + r / QN at token offset r % QN.
 // NATIVE = true swaps the two products for mma.m16n8k16 (sm_80+ only), everything else
 // unchanged: on Hopper m8n8k4 is emulated, so the test GPU measures the memory pipeline
