@@ -114,8 +114,8 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
   // spills in the loop at the 168-register cap)
   constexpr int SR = NATIVE && MT == 1 ? (R + 7) / 8 * 8 : kPdRows;
   // PV of tile i - 1 beside QK^T of tile i (one barrier fewer, two independent chains per
-  // phase); not for two m16 row tiles (QN = 3, 4) on m16n8k16, where the H200 ran 5 %
-  // slower with it at the 168-register cap of 3 blocks per SM
+  // phase); not for two m16 row tiles (QN = 3, 4) on m16n8k16, where the H200 ran 14 %
+  // slower with it (spills at the 168-register cap of 3 blocks per SM)
   constexpr bool PIPE = !NATIVE || MT == 1;
   __shared__ __align__(16) int8_t ks[kPdTile * KP];
   // V is double-buffered when PV of the previous tile runs beside QK^T of this one
