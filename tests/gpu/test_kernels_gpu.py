@@ -522,6 +522,7 @@ DECODE_CASES = [
     ([4097], 1, 64, 16),
     ([2112, 2113], 2, 528, 3),
     ([65], 4, 16, 64),  # more splits than tiles: empty splits must combine cleanly
+    ([700, 2], 2, 16, 2),  # the fewest splits the reduce combines
     ([5000, 300], 1, 16, 300),  # split count not a multiple of the reduce's 16 groups
     ([40000], 4, 16, 1024),  # the most splits; the last ~400 are empty
 ]
