@@ -2,14 +2,16 @@
 // GQA G:1 (6:1 for Qwen3.8-27B: 12 query and 2 KV heads per GPU at TP=2), QN = 1..4
 // query rows per sequence (MTP verification), causal among those rows.
 //
-// One block per (split, sequence, KV head); the block's G*QN query rows (at most 24,
-// padded to 32) share every K/V token it reads, so QK^T and PV run on the Volta tensor
-// cores: mma.m8n8k4 with quad pair p holding query rows 8p..8p+7. K and V stay int8 in
-// shared memory and turn into exact fp16 integers when loaded into fragments; the
-// per-token K scale multiplies the scores, the per-token V scale is folded into P.
+// One block per (split, sequence, KV head), or, in a batch with splits, per (slot, KV head)
+// with the batch's tokens cut into equal chunks over its slots (pd_work_batch). A block's
+// G*QN query rows (at most 24, padded to 32) share every K/V token it reads, so QK^T and
+// PV run on the Volta tensor cores: mma.m8n8k4 with quad pair p holding query rows
+// 8p..8p+7. K and V stay int8 in shared memory and turn into exact fp16 integers when
+// loaded into fragments; the per-token K scale multiplies the scores, the per-token V
+// scale is folded into P.
 // Tiles of 32 tokens: the next tile's K/V rows are loaded into registers while this one is
 // computed; per tile QK^T (and, for QN <= 2 and on Volta, PV of the previous tile beside
-// it), then the online softmax: three barriers. Flash-decoding: each split covers a
+// it), then the online softmax: three barriers. Flash-decoding: each block covers a
 // contiguous token range and writes its partial output normalised by its own sum (fp16)
 // plus (max, sum); paged_decode_reduce_kernel combines the splits.
 // Query row r of a block is query head kvh*G + r / QN at token offset r % QN.
@@ -46,14 +48,16 @@ struct PagedDecodeParams {
   const int* block_tables;  // [B, bt_stride]
   const int* seq_lens;      // [B], context length including the QN new tokens
   __half* out;              // [B*QN, Hq, D], token stride out_tok_stride
-  __half* part_o;           // [B, Hkv, S, G*QN, D] (num_splits > 1), O / l of the split
-  float* part_ml;           // [B, Hkv, S, G*QN, 2]
+  __half* part_o;           // [Hkv, W, G*QN, D] (num_splits > 1), O / l of the slot's chunk
+  float* part_ml;           // [Hkv, W, G*QN, 2]: (max, sum)
   int64_t q_tok_stride;
   int64_t out_tok_stride;
+  int* sched;               // [B, 2]: first slot and chunk count of each sequence (B > 1)
   int bt_stride;
   int num_kv_heads;
   int block_size;
-  int num_splits;
+  int batch;
+  int num_splits;           // per sequence on average: W = num_splits * batch slots per KV head
   float scale_log2;  // softmax scale * log2(e)
 };
 
@@ -85,6 +89,105 @@ __device__ __forceinline__ const __half* pd_qrow(const PagedDecodeParams& p, int
                                                                      kPdHeadDim;
 }
 
+constexpr int kPdMaxSplits = 1024;  // chunks per sequence (the reduce's limit)
+
+template <typename T, typename Op>
+__device__ __forceinline__ T pd_block_reduce(T v, T* red, Op op) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();  // red is free
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  T r = red[0];
+#pragma unroll
+  for (int w = 1; w < kPdWarps; ++w) r = op(r, red[w]);
+  return r;
+}
+
+// tokens / parts rounded up to whole tiles, at least one tile
+__device__ __forceinline__ int pd_chunk_for(long long tokens, long long parts) {
+  const long long per = (tokens + parts - 1) / parts;
+  return (int)max((long long)kPdTile, (per + kPdTile - 1) / kPdTile * kPdTile);
+}
+
+// The slot's work in a batched launch (batch > 1, num_splits > 1). The batch's tokens are
+// cut into chunks of one size (whole tiles) and sequence b's chunks take slots first_b ..
+// first_b + n_b - 1 of the W = num_splits * batch slots of a KV head: blocks get equal
+// token counts whatever the mix of lengths (with the same split count for every sequence,
+// a 262K context batched with seven 4K ones ran on 1/8 of the grid: 4.4x slower on the
+// H200). The chunk is the smallest that fits W slots with at most kPdMaxSplits chunks per
+// sequence; every block derives the same schedule from seq_lens (three block reductions
+// and a scan), and the block given sched writes each sequence's (first, n) for the reduce.
+struct PdWork {
+  int b;    // sequence; -1: this slot has no chunk
+  int ctx;  // its context length
+  int t_begin, t_end;
+};
+
+__device__ __forceinline__ PdWork pd_work_batch(const int* seq_lens, int S, int B, int slot,
+                                             int* sched) {
+  PdWork w;
+  __shared__ long long red64[kPdWarps];
+  __shared__ int red32[kPdWarps];
+  __shared__ int s_b, s_first;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const long long W = (long long)S * B;
+  long long total = 0;
+  int longest = 0;
+  for (int i = tid; i < B; i += kPdWarps * 32) {
+    const int c = seq_lens[i];
+    total += c;
+    longest = max(longest, c);
+  }
+  total = pd_block_reduce(total, red64, [](long long a, long long c) { return a + c; });
+  longest = pd_block_reduce(longest, red32, [](int a, int c) { return max(a, c); });
+  int chunk = max(pd_chunk_for(total, W), pd_chunk_for(longest, kPdMaxSplits));
+  int count = 0;
+  for (int i = tid; i < B; i += kPdWarps * 32) count += (seq_lens[i] + chunk - 1) / chunk;
+  count = pd_block_reduce(count, red32, [](int a, int c) { return a + c; });
+  // per-sequence rounding can overflow W; total / (W - B) per chunk cannot (S >= 2: W > B)
+  if (count > W) chunk = max(chunk, pd_chunk_for(total, W - B));
+  if (tid == 0) s_b = -1;
+  int carry = 0;
+  for (int base = 0; base < B; base += kPdWarps * 32) {  // exclusive scan of the counts
+    const int i = base + tid;
+    const int n = i < B ? (seq_lens[i] + chunk - 1) / chunk : 0;
+    int x = n;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o) x += y;
+    }
+    __syncthreads();  // red32 is free
+    if (lane == 31) red32[warp] = x;
+    __syncthreads();
+    int off = carry;
+    for (int k = 0; k < warp; ++k) off += red32[k];
+    const int first = off + x - n;
+    if (i < B) {
+      if (sched != nullptr) {
+        sched[2 * i] = first;
+        sched[2 * i + 1] = n;
+      }
+      if (slot >= first && slot < first + n) {
+        s_b = i;
+        s_first = first;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPdWarps; ++k) carry += red32[k];
+  }
+  __syncthreads();
+  w.b = s_b;
+  w.ctx = w.t_begin = w.t_end = 0;
+  if (w.b >= 0) {
+    w.ctx = seq_lens[w.b];
+    w.t_begin = (slot - s_first) * chunk;
+    w.t_end = min(w.ctx, w.t_begin + chunk);
+  }
+  return w;
+}
+
 // Each warp computes the scores of all 32 tokens of a tile over its own 64 head dims, with
 // its slice of Q held in registers for the whole kernel (Q used to be re-read from shared
 // memory for every 8 tokens: 2 KB of shared-memory traffic per token, the kernel's
@@ -100,7 +203,12 @@ struct PdMinBlocks {
   static constexpr int value = !NATIVE ? 2 : (G * QN <= 16 ? 4 : (QN == 3 ? 2 : 3));
 };
 
-template <int G, int QN, bool NATIVE>
+// BATCHED: one block per slot of the batch's shared chunks (pd_work_batch, batch > 1 with
+// splits); otherwise one block per (split, sequence), each sequence cut into num_splits
+// equal parts: batch 1, or one part per sequence. Two instantiations keep the batch-1
+// kernel free of the schedule's code (with it inline the H200 ran batch 1 4 % slower:
+// register allocation at the 128- and 168-register caps).
+template <int G, int QN, bool NATIVE, bool BATCHED = false>
 __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::value))
     paged_decode_kernel(const PagedDecodeParams p) {
   constexpr int D = kPdHeadDim;
@@ -130,15 +238,25 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int split = blockIdx.x;
-  const int b = blockIdx.y;
   const int kvh = blockIdx.z;
   const int Hkv = p.num_kv_heads;
-  const int ctx = p.seq_lens[b];
-  const int per_split_raw = (ctx + p.num_splits - 1) / p.num_splits;
-  const int per_split = (per_split_raw + kPdTile - 1) / kPdTile * kPdTile;
-  const int t_begin = split * per_split;
-  const int t_end = min(ctx, t_begin + per_split);
+  int b, ctx, t_begin, t_end;
+  if constexpr (BATCHED) {
+    const PdWork work = pd_work_batch(p.seq_lens, p.num_splits, p.batch, blockIdx.x,
+                                      blockIdx.x == 0 && kvh == 0 ? p.sched : nullptr);
+    if (work.b < 0) return;  // more slots than chunks: nothing to read or write
+    b = work.b;
+    ctx = work.ctx;
+    t_begin = work.t_begin;
+    t_end = work.t_end;
+  } else {
+    b = blockIdx.y;
+    ctx = p.seq_lens[b];
+    const int per_split_raw = (ctx + p.num_splits - 1) / p.num_splits;
+    const int per_split = (per_split_raw + kPdTile - 1) / kPdTile * kPdTile;
+    t_begin = blockIdx.x * per_split;
+    t_end = min(ctx, t_begin + per_split);
+  }
   const int dbase = 64 * warp;  // this warp's head dims
 
   if (tid < kPdRows) {
@@ -546,7 +664,9 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
   __syncthreads();
 
   // write back: the output (one split) or the split's partial
-  const int64_t base = (((int64_t)b * Hkv + kvh) * p.num_splits + split) * R;
+  // partials [Hkv, num_splits * batch slots, R, D]: slot = blockIdx.x (batched) or the split
+  // of sequence 0 (batch 1; with one split per sequence there are no partials)
+  const int64_t base = ((int64_t)kvh * p.num_splits * p.batch + blockIdx.x) * R;
   auto emit = [&](int row, int dim, const float* v, int n) {  // n adjacent dims
     if (row >= R) return;
     // normalised either way: the output, or the split's partial in fp16 (bounded by the
@@ -612,7 +732,6 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
 // memory.
 // (The first version, one thread per dim walking all splits, had 12 blocks at batch 1 and
 // took about 30 us at 256 splits: latency-bound, as long as the decode kernel itself.)
-constexpr int kPdMaxSplits = 1024;
 constexpr int kPdRedThreads = 256;
 constexpr int kPdRedDims = 16;                             // dims per reduce block
 constexpr int kPdRedLanes = kPdRedDims / 4;                // float4 lanes
@@ -635,8 +754,10 @@ __global__ void __launch_bounds__(kPdRedThreads)
   const int b = blockIdx.x / (NQ * R * p.num_kv_heads);
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
-  const int S = p.num_splits;
-  const int64_t base = ((int64_t)b * p.num_kv_heads + kvh) * S;
+  // this sequence's chunks: every slot at batch 1 (slots past the context hold empty
+  // partials), else the range the decode kernel's schedule recorded
+  const int S = p.batch == 1 ? p.num_splits : p.sched[2 * b + 1];
+  const int64_t base = (int64_t)kvh * p.num_splits * p.batch + (p.batch == 1 ? 0 : p.sched[2 * b]);
   // this thread's partials (every 64th split, 4 dims) are loaded before the weights are
   // known, beside the (max, sum) loads: one global round trip instead of two
   const int dl = tid % kPdRedLanes, sg = tid / kPdRedLanes;
@@ -720,8 +841,13 @@ __global__ void __launch_bounds__(kPdRedThreads)
 #ifndef __CUDACC_RTC__
 template <int G, int QN, bool NATIVE>
 inline void launch_paged_decode(const PagedDecodeParams& p, int batch, cudaStream_t stream) {
-  dim3 grid(p.num_splits, batch, p.num_kv_heads);
-  paged_decode_kernel<G, QN, NATIVE><<<grid, kPdWarps * 32, 0, stream>>>(p);
+  if (batch > 1 && p.num_splits > 1) {
+    dim3 grid(p.num_splits * batch, 1, p.num_kv_heads);
+    paged_decode_kernel<G, QN, NATIVE, true><<<grid, kPdWarps * 32, 0, stream>>>(p);
+  } else {
+    dim3 grid(p.num_splits, batch, p.num_kv_heads);
+    paged_decode_kernel<G, QN, NATIVE, false><<<grid, kPdWarps * 32, 0, stream>>>(p);
+  }
   if (p.num_splits > 1) {
     paged_decode_reduce_kernel<G, QN><<<batch * p.num_kv_heads * G * QN *
                                                 (kPdHeadDim / kPdRedDims),

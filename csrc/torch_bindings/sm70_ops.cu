@@ -278,14 +278,24 @@ Tensor paged_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   // auto: Volta's m8n8k4 where it is native, m16n8k16 where m8n8k4 is emulated
   const bool native = mma == 2 || (mma == 0 && major >= 8);
   Tensor out = at::empty_like(q);
+  if (batch == 0) return out;
   const int64_t rows = 6 * q_per_seq;
-  Tensor part_o, part_ml;
+  Tensor part_o, part_ml, sched;
   sm70::PagedDecodeParams p{};
+  // num_splits * batch slots per KV head, shared by the sequences in proportion to their
+  // lengths (the kernel's schedule); sched: each sequence's slot range, for the reduce
+  const int64_t slots = num_splits * batch;
+  TORCH_CHECK(slots <= INT32_MAX, "num_splits x batch must be below 2^31, got " +
+                                      std::to_string(num_splits) + " x " + std::to_string(batch));
   if (num_splits > 1) {
-    part_o = at::empty({batch, hkv, num_splits, rows, 256}, q.options());  // fp16
-    part_ml = at::empty({batch, hkv, num_splits, rows, 2}, q.options().dtype(at::kFloat));
+    part_o = at::empty({hkv, slots, rows, 256}, q.options());  // fp16
+    part_ml = at::empty({hkv, slots, rows, 2}, q.options().dtype(at::kFloat));
     p.part_o = hptr_mut(part_o);
     p.part_ml = part_ml.data_ptr<float>();
+    if (batch > 1) {
+      sched = at::empty({batch, 2}, q.options().dtype(at::kInt));
+      p.sched = sched.data_ptr<int>();
+    }
   }
   p.q = hptr(q);
   p.k_cache = k_cache.data_ptr<int8_t>();
@@ -301,6 +311,7 @@ Tensor paged_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   p.num_kv_heads = (int)hkv;
   p.block_size = (int)k_cache.size(2);
   p.num_splits = (int)num_splits;
+  p.batch = (int)batch;
   p.scale_log2 = (float)(sm_scale * 1.4426950408889634);
   auto stream = c10::cuda::getCurrentCUDAStream();
   const int bsz = (int)batch;

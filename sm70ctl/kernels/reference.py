@@ -210,11 +210,13 @@ def decode_num_splits(
     min_tokens_per_split: int = 256,
     ctas_per_sm: int = 2,
 ) -> int:
-    """Splits per (sequence, KV head) so the grid is one full wave of resident blocks.
+    """num_splits for paged_decode so the grid is one full wave of resident blocks.
 
-    Every block of a split-K launch does the same work, so a grid of 1.3 waves costs two
-    block durations; the largest split count whose grid still fits the resident blocks at
-    once is the fastest. ctas_per_sm: decode blocks resident per SM, as
+    The op runs num_splits x batch blocks per KV head and cuts the batch's tokens into
+    equal chunks over them (a long context batched with short ones gets most blocks).
+    Every block does the same work, so a grid of 1.3 waves costs two block durations; the
+    largest count whose grid still fits the resident blocks at once is the fastest.
+    ctas_per_sm: decode blocks resident per SM, as
     torch.ops.sm70.paged_decode_blocks_per_sm reports it: 2 on V100 (47 KB of static shared
     memory each, 96 KB per SM); on the H200's m16n8k16 path 4 for QN <= 2, 3 for QN = 4.
     """

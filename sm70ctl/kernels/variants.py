@@ -64,10 +64,14 @@ VARIANTS: tuple[KernelVariant, ...] = (
         for s in GEMV_SK_STAGES
     ),
     KernelVariant("kv_int8.cuh", "sm70::kv_int8_write_kernel<256>", 128),
+    # batch 1 (or one split per sequence), and batches sharing their chunks by length
     *(
         KernelVariant(
-            "paged_decode.cuh", f"sm70::paged_decode_kernel<{GQA_GROUP}, {qn}, false>", 128
+            "paged_decode.cuh",
+            f"sm70::paged_decode_kernel<{GQA_GROUP}, {qn}, false, {batched}>",
+            128,
         )
+        for batched in ("false", "true")
         for qn in range(1, MAX_QUERY_ROWS + 1)
     ),
     *(

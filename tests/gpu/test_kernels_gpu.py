@@ -524,6 +524,10 @@ DECODE_CASES = [
     ([65], 4, 16, 64),  # more splits than tiles: empty splits must combine cleanly
     ([700, 2], 2, 16, 2),  # the fewest splits the reduce combines
     ([5000, 300], 1, 16, 300),  # split count not a multiple of the reduce's 16 groups
+    # batches share their slots by length: the long sequence takes most chunks, the
+    # per-sequence rounding overflows the first chunk size (the fallback), 2 x 64 slots
+    ([20000, 5, 37, 300, 2], 2, 16, 64),
+    ([40000, 3, 900], 1, 16, 1024),  # chunks capped at 1024 per sequence (W = 3072)
     ([40000], 4, 16, 1024),  # the most splits; the last ~400 are empty
 ]
 
@@ -546,6 +550,21 @@ def test_paged_decode(ctxs, qn, block_size, splits, mma):
     out = torch.ops.sm70.paged_decode(q, *cache, qn, scale, splits, mma)
     want = ref.paged_decode_reference(q, *cache, qn, scale)
     assert out.shape == q.shape
+    assert rel_err(out, want) < 5e-3
+    assert float((out.float() - want).abs().max()) < 2e-2
+
+
+@pytest.mark.parametrize("mma", mma_paths())
+def test_paged_decode_many_sequences(mma):
+    """150 sequences (two rounds of the schedule's 128-wide scan), lengths 1..400 and one
+    of 6000, 2 slots per sequence: chunks are shared across the batch by length."""
+    gen = torch.Generator(device="cuda").manual_seed(150)
+    ctxs = torch.randint(1, 401, (150,), generator=torch.Generator().manual_seed(3)).tolist()
+    ctxs[77] = 6000
+    cache = fill_paged(ctxs, 16, gen=gen)
+    q = torch.randn(len(ctxs), 12, 256, device="cuda", generator=gen).half()
+    out = torch.ops.sm70.paged_decode(q, *cache, 1, 0.0625, 2, mma)
+    want = ref.paged_decode_reference(q, *cache, 1, 0.0625)
     assert rel_err(out, want) < 5e-3
     assert float((out.float() - want).abs().max()) < 2e-2
 
