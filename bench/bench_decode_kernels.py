@@ -228,12 +228,12 @@ def bench_decode(
     perm = torch.randperm(total, device="cuda").int()  # scattered blocks, as in serving
     tables = []
     for i in range(ncopy):
-        t = torch.zeros(len(ctxs), max(nblks), dtype=torch.int32, device="cuda")
+        table = torch.zeros(len(ctxs), max(nblks), dtype=torch.int32, device="cuda")
         start = i * nblk
         for b, n in enumerate(nblks):
-            t[b, :n] = perm[start : start + n]
+            table[b, :n] = perm[start : start + n]
             start += n
-        tables.append(t)
+        tables.append(table)
     seq = torch.tensor(ctxs, dtype=torch.int32, device="cuda")
     q = torch.randn(len(ctxs) * qn, 12, 256, device="cuda").half()
     volta = torch.cuda.get_device_capability()[0] < 8  # m8n8k4 is the native path there

@@ -525,8 +525,10 @@ DECODE_CASES = [
     ([700, 2], 2, 16, 2),  # the fewest splits the reduce combines
     ([5000, 300], 1, 16, 300),  # split count not a multiple of the reduce's 16 groups
     # batches share their slots by length: the long sequence takes most chunks, the
-    # per-sequence rounding overflows the first chunk size (the fallback), 2 x 64 slots
-    ([20000, 5, 37, 300, 2], 2, 16, 64),
+    # per-sequence rounding overflows the first chunk size (the fallback), 6 x 64 slots;
+    # an empty entry (0 tokens, as a padded batch has) gets zeros
+    ([20000, 5, 0, 37, 300, 2], 2, 16, 64),
+    ([0, 40], 1, 16, 1),
     ([40000, 3, 900], 1, 16, 1024),  # chunks capped at 1024 per sequence (W = 3072)
     ([40000], 4, 16, 1024),  # the most splits; the last ~400 are empty
 ]
