@@ -142,8 +142,8 @@ def test_logit_workspaces_by_hand(model):
     # MLP activations for a 2048-token chunk: gate|up (2 x 8704) and the product (8704)
     detail = next(i.detail for i in p.gpus[0].items if i.key == "act.layer")
     assert detail["mlp_bytes"] == 2048 * 3 * 8704 * 2
-    # decode split-K: 64 splits x 64 rows x 12 heads x (256 + 2) fp32
-    assert _item(p, "decode.splitk") == 64 * 64 * 12 * 258 * 4
+    # decode split-K: 64 splits x 64 rows x 12 heads x (256 fp16 + 2 fp32)
+    assert _item(p, "decode.splitk") == 64 * 64 * 12 * (256 * 2 + 2 * 4)
 
 
 def test_activations_follow_the_batched_token_budget(model):

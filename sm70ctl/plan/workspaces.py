@@ -105,8 +105,9 @@ def workspace_items(m: ModelShape, w: WorkspaceInputs, *, kinds: set[str], last:
     if has_attention:
         rows = w.max_num_seqs * (1 + w.spec_tokens)
         heads = m.num_attention_heads // w.tp
-        # per split: fp32 partial output (head_dim) plus fp32 running max and sum
-        split = w.decode_max_splits * rows * heads * (m.head_dim + 2) * FP32
+        # per split and query row: the partial output normalised in fp16 (head_dim) plus its
+        # fp32 running max and sum (paged_decode's split partials)
+        split = w.decode_max_splits * rows * heads * (m.head_dim * FP16 + 2 * FP32)
         items.append(Item("decode.splitk", f"decode split-K ({w.decode_max_splits} splits)",
                           split, {"splits": w.decode_max_splits, "rows": rows}))
 
