@@ -114,7 +114,7 @@ __device__ __forceinline__ int pd_chunk_for(long long tokens, long long parts) {
 // cut into chunks of one size (whole tiles) and sequence b's chunks take slots first_b ..
 // first_b + n_b - 1 of the W = num_splits * batch slots of a KV head: blocks get equal
 // token counts whatever the mix of lengths (with the same split count for every sequence,
-// a 262K context batched with seven 4K ones ran on 1/8 of the grid: 4.4x slower on the
+// a 262K context batched with seven 4K ones ran on 1/8 of the grid: 4.1-4.4x slower on the
 // H200). The chunk is the smallest that fits W slots with at most kPdMaxSplits chunks per
 // sequence; every block derives the same schedule from seq_lens (three block reductions
 // and a scan), and the block given sched writes each sequence's (first, n) for the reduce.
@@ -205,9 +205,9 @@ struct PdMinBlocks {
 
 // BATCHED: one block per slot of the batch's shared chunks (pd_work_batch, batch > 1 with
 // splits); otherwise one block per (split, sequence), each sequence cut into num_splits
-// equal parts: batch 1, or one part per sequence. Two instantiations keep the batch-1
-// kernel free of the schedule's code (with it inline the H200 ran batch 1 4 % slower:
-// register allocation at the 128- and 168-register caps).
+// equal parts: batch 1, or one part per sequence. Two instantiations (here and in the
+// reduce) keep the batch-1 kernels free of the schedule's code (with it inline the H200 ran
+// batch 1 4 % slower: register allocation at the 128- and 168-register caps).
 template <int G, int QN, bool NATIVE, bool BATCHED = false>
 __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::value))
     paged_decode_kernel(const PagedDecodeParams p) {
@@ -739,7 +739,7 @@ constexpr int kPdRedGroups = kPdRedThreads / kPdRedLanes;  // split groups (64)
 constexpr int kPdRedPerThread = kPdMaxSplits / kPdRedThreads;
 constexpr int kPdRedPre = 4;  // partials per thread loaded up front (up to 256 splits)
 
-template <int G, int QN>
+template <int G, int QN, bool BATCHED = false>
 __global__ void __launch_bounds__(kPdRedThreads)
     paged_decode_reduce_kernel(const PagedDecodeParams p) {
   constexpr int D = kPdHeadDim;
@@ -754,10 +754,10 @@ __global__ void __launch_bounds__(kPdRedThreads)
   const int b = blockIdx.x / (NQ * R * p.num_kv_heads);
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
-  // this sequence's chunks: every slot at batch 1 (slots past the context hold empty
-  // partials), else the range the decode kernel's schedule recorded
-  const int S = p.batch == 1 ? p.num_splits : p.sched[2 * b + 1];
-  const int64_t base = (int64_t)kvh * p.num_splits * p.batch + (p.batch == 1 ? 0 : p.sched[2 * b]);
+  // this sequence's chunks: the range the decode kernel's schedule recorded (batched), else
+  // every split of the one sequence (splits past the context hold empty partials)
+  const int S = BATCHED ? p.sched[2 * b + 1] : p.num_splits;
+  const int64_t base = (int64_t)kvh * p.num_splits * p.batch + (BATCHED ? p.sched[2 * b] : 0);
   // this thread's partials (every 64th split, 4 dims) are loaded before the weights are
   // known, beside the (max, sum) loads: one global round trip instead of two
   const int dl = tid % kPdRedLanes, sg = tid / kPdRedLanes;
@@ -841,17 +841,17 @@ __global__ void __launch_bounds__(kPdRedThreads)
 #ifndef __CUDACC_RTC__
 template <int G, int QN, bool NATIVE>
 inline void launch_paged_decode(const PagedDecodeParams& p, int batch, cudaStream_t stream) {
+  const int red_blocks = batch * p.num_kv_heads * G * QN * (kPdHeadDim / kPdRedDims);
   if (batch > 1 && p.num_splits > 1) {
     dim3 grid(p.num_splits * batch, 1, p.num_kv_heads);
     paged_decode_kernel<G, QN, NATIVE, true><<<grid, kPdWarps * 32, 0, stream>>>(p);
+    paged_decode_reduce_kernel<G, QN, true><<<red_blocks, kPdRedThreads, 0, stream>>>(p);
   } else {
     dim3 grid(p.num_splits, batch, p.num_kv_heads);
     paged_decode_kernel<G, QN, NATIVE, false><<<grid, kPdWarps * 32, 0, stream>>>(p);
-  }
-  if (p.num_splits > 1) {
-    paged_decode_reduce_kernel<G, QN><<<batch * p.num_kv_heads * G * QN *
-                                                (kPdHeadDim / kPdRedDims),
-                                            kPdRedThreads, 0, stream>>>(p);
+    // batch 1 with splits (one split per sequence writes the output directly)
+    if (p.num_splits > 1)
+      paged_decode_reduce_kernel<G, QN, false><<<red_blocks, kPdRedThreads, 0, stream>>>(p);
   }
 }
 #endif

@@ -76,8 +76,11 @@ VARIANTS: tuple[KernelVariant, ...] = (
     ),
     *(
         KernelVariant(
-            "paged_decode.cuh", f"sm70::paged_decode_reduce_kernel<{GQA_GROUP}, {qn}>", 256
+            "paged_decode.cuh",
+            f"sm70::paged_decode_reduce_kernel<{GQA_GROUP}, {qn}, {batched}>",
+            256,
         )
+        for batched in ("false", "true")
         for qn in range(1, MAX_QUERY_ROWS + 1)
     ),
     KernelVariant("int8_gemm_lowrank.cuh", "sm70::lowrank_gemm_kernel", 128),
