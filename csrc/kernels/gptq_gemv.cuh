@@ -245,12 +245,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (U == 1 || XS) ? 4 : 3)
                             const __half2* __restrict__ sz,   // [N, K / G]
                             const __half* __restrict__ bias,  // [N] or nullptr
                             __half* __restrict__ y,           // [1, N]
-                            int N, int K, int group_size, int ksplit) {
+                            int N, int K, int group_size, int ks1_blocks) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
+  // blocks below ks1_blocks: each warp owns R rows (ksplit 1); the blocks after them share
+  // one row set between their warps, which split K (ksplit 4). All of one kind: ks1_blocks
+  // = gridDim.x or 0; both (kernel 12, gptq_gemv_stream_tail): the short K-split blocks
+  // come last and even out the SMs' ends
+  const int ksplit = (int)blockIdx.x < ks1_blocks ? 1 : kGemvWarps;
   const int nw = ksplit == 1 ? 1 : kGemvWarps;
   const int kw = ksplit == 1 ? 0 : warp;
-  const int n0 = (ksplit == 1 ? blockIdx.x * kGemvWarps + warp : blockIdx.x) * R;
+  const int n0 = (ksplit == 1 ? blockIdx.x * kGemvWarps + warp
+                              : ks1_blocks * kGemvWarps + (blockIdx.x - ks1_blocks)) * R;
   __shared__ float red[kGemvWarps][R];
   extern __shared__ __align__(16) unsigned char gemv_dyn_smem[];
   const uint4* xs = reinterpret_cast<const uint4*>(gemv_dyn_smem);
@@ -882,13 +888,37 @@ inline void launch_gptq_gemv_tc(bool native, const __half* x, const uint8_t* qw,
   }
 }
 
-// kernel: 0 auto (streamed U = 1 with packed-half math, i.e. 8, for M = 1; the classic
-// kernel otherwise: the binding sends M = 2..8 to launch_gptq_gemv_tc when it fits),
-// 1 classic,
+// kernel: 0 auto (12 for M = 1; the classic kernel otherwise: the binding sends M = 2..8
+// to launch_gptq_gemv_tc when it fits), 1 classic,
 // 2 streamed U = 1, 3 streamed U = 2, 6 streamed U = 2 with x in shared memory, 7 the same
-// with 8 rows per warp and U = 1, 8 / 9 streamed U = 1 / 2 with packed-half math (2, 3,
-// 6-9 need M = 1; the caller checks). U = 2 was
-// slower than U = 1 on every shape on the H200 (165 registers: 3 blocks per SM, not 4).
+// with 8 rows per warp and U = 1, 8 / 9 streamed U = 1 / 2 with packed-half math, 12 = 8
+// with a K-split tail (gptq_gemv_stream_tail) (2, 3, 6-9, 12 need M = 1; the caller
+// checks). U = 2 was slower than U = 1 on every shape on the H200 (165 registers: 3 blocks
+// per SM, not 4).
+// Kernel 12: kernel 8 with its grid balanced over the SMs. A ksplit-1 grid of B blocks
+// gives some SMs ceil(B / SMs) blocks and others one fewer; when that leaves the busiest
+// SMs more than 5 % above the average, only floor(B / SMs) x SMs blocks keep ksplit 1 (the
+// same count on every SM) and the rows left over go to K-split blocks (4 rows each, the
+// warps split K): a quarter of the bytes per block, dispatched last (blocks start in index
+// order), so they even out the SMs' ends. H200 (132 SMs), two runs, against kernel 8:
+// gate_up 1088 blocks, 25.5-25.6 against 28.7 us; o_proj / out_proj 320 blocks, 7.3-7.4
+// against 7.6-7.7; qkv 448 blocks, 12.4 against 12.5-12.6; qkvz (512 blocks, 3 % above
+// the average) ran 14.2-14.3 against 13.4-13.5 with the split, hence the threshold.
+struct GemvTail {
+  int blocks;      // grid
+  int ks1_blocks;  // blocks with ksplit 1 (the rest split K)
+};
+
+inline GemvTail gptq_gemv_stream_tail(int N, int rows, int ksplit, int blocks, int sms) {
+  const GemvTail plain = {blocks, ksplit == 1 ? blocks : 0};
+  if (ksplit != 1 || sms <= 0 || blocks < sms) return plain;
+  const int full = blocks / sms;
+  if (blocks % sms == 0 || 20LL * (full + 1) * sms <= 21LL * blocks) return plain;
+  const int ks1 = full * sms;
+  const int rows_left = N - ks1 * kGemvWarps * rows;
+  return {ks1 + (rows_left + rows - 1) / rows, ks1};
+}
+
 template <int M>
 inline void launch_gptq_gemv(const __half* x, const uint8_t* qw, const __half2* sz,
                              const __half* bias, __half* y, int N, int K, int group_size,
@@ -896,10 +926,15 @@ inline void launch_gptq_gemv(const __half* x, const uint8_t* qw, const __half2* 
   if constexpr (M == 1) {
     if (kernel != 1) {
       constexpr int R = kGemvStreamRows;
-      const int ks = gptq_gemv_stream_ksplit(N, K, R, sm_count);
-      const int blocks = gptq_gemv_blocks(N, R, ks);
+      const int ks0 = gptq_gemv_stream_ksplit(N, K, R, sm_count);
+      const int blocks = gptq_gemv_blocks(N, R, ks0);
+      const int ks = ks0 == 1 ? blocks : 0;  // ks1_blocks: all of one kind
       const size_t xs_bytes = (size_t)K * 2;
-      if (kernel == 0 || kernel == 8) {  // the M = 1 default: fastest on every H200 shape
+      if (kernel == 0 || kernel == 12) {  // the M = 1 default
+        const GemvTail t = gptq_gemv_stream_tail(N, R, ks0, blocks, sm_count);
+        gptq_gemv_stream_kernel<R, 1, false, true><<<t.blocks, kGemvWarps * 32, 0, stream>>>(
+            x, qw, sz, bias, y, N, K, group_size, t.ks1_blocks);
+      } else if (kernel == 8) {  // the same kernel, every block ksplit 1 or every block 4
         gptq_gemv_stream_kernel<R, 1, false, true><<<blocks, kGemvWarps * 32, 0, stream>>>(
             x, qw, sz, bias, y, N, K, group_size, ks);
       } else if (kernel == 9) {
@@ -912,9 +947,9 @@ inline void launch_gptq_gemv(const __half* x, const uint8_t* qw, const __half2* 
         } else {
           constexpr int R8 = 2 * kGemvStreamRows;
           const int ks8 = gptq_gemv_stream_ksplit(N, K, R8, sm_count);
-          gptq_gemv_stream_kernel<R8, 1, true>
-              <<<gptq_gemv_blocks(N, R8, ks8), kGemvWarps * 32, xs_bytes, stream>>>(
-                  x, qw, sz, bias, y, N, K, group_size, ks8);
+          const int b8 = gptq_gemv_blocks(N, R8, ks8);
+          gptq_gemv_stream_kernel<R8, 1, true><<<b8, kGemvWarps * 32, xs_bytes, stream>>>(
+              x, qw, sz, bias, y, N, K, group_size, ks8 == 1 ? b8 : 0);
         }
       } else if (kernel != 3) {
         gptq_gemv_stream_kernel<R, 1><<<blocks, kGemvWarps * 32, 0, stream>>>(
