@@ -900,10 +900,11 @@ inline void launch_gptq_gemv_tc(bool native, const __half* x, const uint8_t* qw,
 // SMs more than 5 % above the average, only floor(B / SMs) x SMs blocks keep ksplit 1 (the
 // same count on every SM) and the rows left over go to K-split blocks (4 rows each, the
 // warps split K): a quarter of the bytes per block, dispatched last (blocks start in index
-// order), so they even out the SMs' ends. H200 (132 SMs), two runs, against kernel 8:
-// gate_up 1088 blocks, 25.5-25.6 against 28.7 us; o_proj / out_proj 320 blocks, 7.3-7.4
-// against 7.6-7.7; qkv 448 blocks, 12.4 against 12.5-12.6; qkvz (512 blocks, 3 % above
-// the average) ran 14.2-14.3 against 13.4-13.5 with the split, hence the threshold.
+// order), so they even out the SMs' ends. H200 (132 SMs), four calls, against kernel 8:
+// gate_up 1088 blocks, 25.4-25.6 against 28.7-28.9 us; o_proj / out_proj 320 blocks,
+// 7.3-7.4 against 7.6-7.7; qkv 448 blocks, 12.2-12.4 against 12.4-12.6; qkvz (512 blocks,
+// 3 % above the average) ran 14.2-14.3 against 13.4-13.5 with the split, hence the
+// threshold (docs/kernels.md).
 struct GemvTail {
   int blocks;      // grid
   int ks1_blocks;  // blocks with ksplit 1 (the rest split K)
