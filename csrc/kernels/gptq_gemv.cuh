@@ -910,8 +910,11 @@ struct GemvTail {
   int ks1_blocks;  // blocks with ksplit 1 (the rest split K)
 };
 
+// The streamed kernel's ks1_blocks for a grid of one kind: all ksplit 1, or all K-split.
+inline int gptq_gemv_ks1_blocks(int ksplit, int blocks) { return ksplit == 1 ? blocks : 0; }
+
 inline GemvTail gptq_gemv_stream_tail(int N, int rows, int ksplit, int blocks, int sms) {
-  const GemvTail plain = {blocks, ksplit == 1 ? blocks : 0};
+  const GemvTail plain = {blocks, gptq_gemv_ks1_blocks(ksplit, blocks)};
   if (ksplit != 1 || sms <= 0 || blocks < sms) return plain;
   const int full = blocks / sms;
   if (blocks % sms == 0 || 20LL * (full + 1) * sms <= 21LL * blocks) return plain;
@@ -927,37 +930,37 @@ inline void launch_gptq_gemv(const __half* x, const uint8_t* qw, const __half2* 
   if constexpr (M == 1) {
     if (kernel != 1) {
       constexpr int R = kGemvStreamRows;
-      const int ks0 = gptq_gemv_stream_ksplit(N, K, R, sm_count);
-      const int blocks = gptq_gemv_blocks(N, R, ks0);
-      const int ks = ks0 == 1 ? blocks : 0;  // ks1_blocks: all of one kind
+      const int ks = gptq_gemv_stream_ksplit(N, K, R, sm_count);
+      const int blocks = gptq_gemv_blocks(N, R, ks);
+      const int ks1 = gptq_gemv_ks1_blocks(ks, blocks);
       const size_t xs_bytes = (size_t)K * 2;
       if (kernel == 0 || kernel == 12) {  // the M = 1 default
-        const GemvTail t = gptq_gemv_stream_tail(N, R, ks0, blocks, sm_count);
+        const GemvTail t = gptq_gemv_stream_tail(N, R, ks, blocks, sm_count);
         gptq_gemv_stream_kernel<R, 1, false, true><<<t.blocks, kGemvWarps * 32, 0, stream>>>(
             x, qw, sz, bias, y, N, K, group_size, t.ks1_blocks);
       } else if (kernel == 8) {  // the same kernel, every block ksplit 1 or every block 4
         gptq_gemv_stream_kernel<R, 1, false, true><<<blocks, kGemvWarps * 32, 0, stream>>>(
-            x, qw, sz, bias, y, N, K, group_size, ks);
+            x, qw, sz, bias, y, N, K, group_size, ks1);
       } else if (kernel == 9) {
         gptq_gemv_stream_kernel<R, 2, false, true><<<blocks, kGemvWarps * 32, 0, stream>>>(
-            x, qw, sz, bias, y, N, K, group_size, ks);
+            x, qw, sz, bias, y, N, K, group_size, ks1);
       } else if ((kernel == 6 || kernel == 7) && xs_bytes <= kGemvMaxXsBytes) {
         if (kernel == 6) {
           gptq_gemv_stream_kernel<R, 2, true><<<blocks, kGemvWarps * 32, xs_bytes, stream>>>(
-              x, qw, sz, bias, y, N, K, group_size, ks);
+              x, qw, sz, bias, y, N, K, group_size, ks1);
         } else {
           constexpr int R8 = 2 * kGemvStreamRows;
           const int ks8 = gptq_gemv_stream_ksplit(N, K, R8, sm_count);
           const int b8 = gptq_gemv_blocks(N, R8, ks8);
           gptq_gemv_stream_kernel<R8, 1, true><<<b8, kGemvWarps * 32, xs_bytes, stream>>>(
-              x, qw, sz, bias, y, N, K, group_size, ks8 == 1 ? b8 : 0);
+              x, qw, sz, bias, y, N, K, group_size, gptq_gemv_ks1_blocks(ks8, b8));
         }
       } else if (kernel != 3) {
         gptq_gemv_stream_kernel<R, 1><<<blocks, kGemvWarps * 32, 0, stream>>>(
-            x, qw, sz, bias, y, N, K, group_size, ks);
+            x, qw, sz, bias, y, N, K, group_size, ks1);
       } else {
         gptq_gemv_stream_kernel<R, 2><<<blocks, kGemvWarps * 32, 0, stream>>>(
-            x, qw, sz, bias, y, N, K, group_size, ks);
+            x, qw, sz, bias, y, N, K, group_size, ks1);
       }
       return;
     }
