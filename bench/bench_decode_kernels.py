@@ -143,7 +143,8 @@ def bench_gemv(name: str, n: int, k: int, m: int, copy_gbps: float) -> dict:
     modes = [(0, 0), (1, 0), (1, 1), (1, 4), (10, 0), (10, 1), (10, 2), (10, 4), (10, 8)]
     if m == 1:
         modes += [(2, 0), (3, 0), (4, 0), (5, 0), (6, 0), (7, 0), (8, 0), (8, 1), (8, 4), (9, 0)]
-        modes += [(12, 0)]  # 8 with its grid balanced over the SMs (the M = 1 default)
+        modes += [(12, 0)]  # 8 with its grid balanced over the SMs
+        modes += [(13, 0)]  # 12 with 2 rows per warp, 8 blocks per SM (the M = 1 default)
     by_mode = {}
 
     def mode_calls(kern: int, ks: int) -> list:

@@ -29,6 +29,8 @@
 namespace sm70 {
 
 constexpr int kGemvWarps = 4;  // warps per block (128 threads)
+// resident blocks per SM of the 2-row streamed kernel (kernel 13): 64 registers a thread
+constexpr int kGemvR2BlocksPerSm = 8;
 
 template <int M>
 struct GemvRows {
@@ -72,6 +74,39 @@ __device__ __forceinline__ float gemv_chunk_dot_f32(const float (&xf)[16], const
     p1 = fmaf(xf[4 * q + 3], u8_magic<3>(wv[q]) - zf, p1);
   }
   return p0 + p1;
+}
+
+// Packed-half math (H2 of gptq_gemv_stream_kernel, described there) for one 16-code chunk
+// of one row: returns acc + scale * sum_k x_k (q_k - z).
+__device__ __forceinline__ float gemv_chunk_h2(const uint4& w, __half2 s, const uint4 (&xv)[2],
+                                               float acc) {
+  const __half2* xh0 = reinterpret_cast<const __half2*>(&xv[0]);
+  const __half2* xh1 = reinterpret_cast<const __half2*>(&xv[1]);
+  const __half2 xh[8] = {xh0[0], xh0[1], xh0[2], xh0[3], xh1[0], xh1[1], xh1[2], xh1[3]};
+  const __half2 k256 = __float2half2_rn(0.00390625f);
+  // -(1024 + z) / 256, exact: z <= 256 is an integer
+  const __half zn = __hmul(__hadd(__high2half(s), __float2half(1024.f)),
+                           __float2half(-0.00390625f));
+  const __half2 zz = __halves2half2(zn, zn);
+  const uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+  __half2 pa[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t lo = __byte_perm(wv[q], 0x64646464u, 0x5140);  // codes 0, 1
+    const uint32_t hi = __byte_perm(wv[q], 0x64646464u, 0x7362);  // codes 2, 3
+    const __half2 v0 = __hfma2(*reinterpret_cast<const __half2*>(&lo), k256, zz);
+    const __half2 v1 = __hfma2(*reinterpret_cast<const __half2*>(&hi), k256, zz);
+    if (q < 2) {
+      pa[2 * q] = __hmul2(v0, xh[2 * q]);
+      pa[2 * q + 1] = __hmul2(v1, xh[2 * q + 1]);
+    } else {
+      pa[2 * q - 4] = __hfma2(v0, xh[2 * q], pa[2 * q - 4]);
+      pa[2 * q - 3] = __hfma2(v1, xh[2 * q + 1], pa[2 * q - 3]);
+    }
+  }
+  const float2 f0 = __half22float2(__hadd2(pa[0], pa[1]));
+  const float2 f1 = __half22float2(__hadd2(pa[2], pa[3]));
+  return fmaf(__low2float(s) * 256.f, (f0.x + f0.y) + (f1.x + f1.y), acc);
 }
 
 template <int M, int R>
@@ -238,8 +273,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32, M == 1 ? 5 : 1)
 // overflow for |x| < 16384; the partials of each 16-code chunk go to the fp32
 // accumulator with the group scale (x 256). Rounding: one fp16 rounding per
 // product and per partial add, about 5e-4 relative per chunk, averaging out over K.
+// R = 2 (kernel 13, the default) runs 8 blocks per SM in 64 registers, R = 4 runs 4.
 template <int R, int U, bool XS = false, bool H2 = false>
-__global__ void __launch_bounds__(kGemvWarps * 32, (U == 1 || XS) ? 4 : 3)
+__global__ void __launch_bounds__(kGemvWarps * 32,
+                                  R == 2 ? kGemvR2BlocksPerSm : ((U == 1 || XS) ? 4 : 3))
     gptq_gemv_stream_kernel(const __half* __restrict__ x,     // [1, K]
                             const uint8_t* __restrict__ qw,   // [N, K]
                             const __half2* __restrict__ sz,   // [N, K / G]
@@ -250,7 +287,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (U == 1 || XS) ? 4 : 3)
   const int warp = threadIdx.x >> 5;
   // blocks below ks1_blocks: each warp owns R rows (ksplit 1); the blocks after them share
   // one row set between their warps, which split K (ksplit 4). All of one kind: ks1_blocks
-  // = gridDim.x or 0; both (kernel 12, gptq_gemv_stream_tail): the short K-split blocks
+  // = gridDim.x or 0; both (kernels 12, 13, gptq_gemv_stream_tail): the short K-split blocks
   // come last and even out the SMs' ends
   const int ksplit = (int)blockIdx.x < ks1_blocks ? 1 : kGemvWarps;
   const int nw = ksplit == 1 ? 1 : kGemvWarps;
@@ -321,36 +358,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, (U == 1 || XS) ? 4 : 3)
         xv[1] = st.xv[u][1];
       }
       if constexpr (H2) {
-        const __half2* xh0 = reinterpret_cast<const __half2*>(&xv[0]);
-        const __half2* xh1 = reinterpret_cast<const __half2*>(&xv[1]);
-        const __half2 xh[8] = {xh0[0], xh0[1], xh0[2], xh0[3], xh1[0], xh1[1], xh1[2], xh1[3]};
-        const __half2 k256 = __float2half2_rn(0.00390625f);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          // -(1024 + z) / 256, exact: z <= 256 is an integer
-          const __half zn = __hmul(__hadd(__high2half(st.s[u][r]), __float2half(1024.f)),
-                                   __float2half(-0.00390625f));
-          const __half2 zz = __halves2half2(zn, zn);
-          const uint32_t wv[4] = {st.w[u][r].x, st.w[u][r].y, st.w[u][r].z, st.w[u][r].w};
-          __half2 pa[4];
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const uint32_t lo = __byte_perm(wv[q], 0x64646464u, 0x5140);  // codes 0, 1
-            const uint32_t hi = __byte_perm(wv[q], 0x64646464u, 0x7362);  // codes 2, 3
-            const __half2 v0 = __hfma2(*reinterpret_cast<const __half2*>(&lo), k256, zz);
-            const __half2 v1 = __hfma2(*reinterpret_cast<const __half2*>(&hi), k256, zz);
-            if (q < 2) {
-              pa[2 * q] = __hmul2(v0, xh[2 * q]);
-              pa[2 * q + 1] = __hmul2(v1, xh[2 * q + 1]);
-            } else {
-              pa[2 * q - 4] = __hfma2(v0, xh[2 * q], pa[2 * q - 4]);
-              pa[2 * q - 3] = __hfma2(v1, xh[2 * q + 1], pa[2 * q - 3]);
-            }
-          }
-          const float2 f0 = __half22float2(__hadd2(pa[0], pa[1]));
-          const float2 f1 = __half22float2(__hadd2(pa[2], pa[3]));
-          acc[r] = fmaf(__low2float(st.s[u][r]) * 256.f, (f0.x + f0.y) + (f1.x + f1.y), acc[r]);
-        }
+        for (int r = 0; r < R; ++r) acc[r] = gemv_chunk_h2(st.w[u][r], st.s[u][r], xv, acc[r]);
       } else {
         float xf[16];
         gemv_x16_to_float(xv, xf);
@@ -888,13 +897,13 @@ inline void launch_gptq_gemv_tc(bool native, const __half* x, const uint8_t* qw,
   }
 }
 
-// kernel: 0 auto (12 for M = 1; the classic kernel otherwise: the binding sends M = 2..8
+// kernel: 0 auto (13 for M = 1; the classic kernel otherwise: the binding sends M = 2..8
 // to launch_gptq_gemv_tc when it fits), 1 classic,
 // 2 streamed U = 1, 3 streamed U = 2, 6 streamed U = 2 with x in shared memory, 7 the same
 // with 8 rows per warp and U = 1, 8 / 9 streamed U = 1 / 2 with packed-half math, 12 = 8
-// with a K-split tail (gptq_gemv_stream_tail) (2, 3, 6-9, 12 need M = 1; the caller
-// checks). U = 2 was slower than U = 1 on every shape on the H200 (165 registers: 3 blocks
-// per SM, not 4).
+// with a K-split tail (gptq_gemv_stream_tail), 13 = 12 with 2 rows per warp (2, 3, 6-9,
+// 12, 13 need M = 1; the caller checks). U = 2 was slower than U = 1 on every shape on the
+// H200 (165 registers: 3 blocks per SM, not 4).
 // Kernel 12: kernel 8 with its grid balanced over the SMs. A ksplit-1 grid of B blocks
 // gives some SMs ceil(B / SMs) blocks and others one fewer; when that leaves the busiest
 // SMs more than 5 % above the average, only floor(B / SMs) x SMs blocks keep ksplit 1 (the
@@ -905,6 +914,19 @@ inline void launch_gptq_gemv_tc(bool native, const __half* x, const uint8_t* qw,
 // 7.3-7.4 against 7.6-7.7; qkv 448 blocks, 12.2-12.4 against 12.4-12.6; qkvz (512 blocks,
 // 3 % above the average) ran 14.2-14.3 against 13.4-13.5 with the split, hence the
 // threshold (docs/kernels.md).
+// Kernel 13, the M = 1 default: the same kernel with 2 rows per warp (R = 2) instead of 4,
+// which fits 64 registers, so 8 blocks (32 warps) per SM instead of 4 (16 warps): twice
+// the warps, each with half the bytes in flight. Why: on the H200 a read-only stream over
+// qkv_proj's 38 MB took 10.8 us with 32 KB in flight per SM and 10.4 with 64 KB, and the
+// GEMV's own loads without its math (R = 4) 11.0, against 12.3 for kernel 12: the math of
+// one warp's step delays its next loads, and more warps cover that better than a deeper
+// pipeline per warp (3-5 stages per warp in registers ran 5-15 % slower than 2; .dev
+// experiments of 2026-11-30). Its tail rule: split only when the grid is more than one
+// wave of resident blocks (then the last partial wave ran 1-2 blocks per SM for a whole
+// block lifetime: gate_up at 2176 blocks 26.4-26.6 us plain, 24.2 split); in one wave any
+// split lost (qkv 12.1 against 11.7). H200, against kernel 12 in the same calls (us): qkv
+// 11.7-11.9 / 12.3, in_proj_qkvz 12.9-13.0 / 13.3, gate_up 24.2-24.3 / 25.3-25.4,
+// down_proj 15.2-15.4 / 16.1-16.3, MTP fc 17.1-17.3 / 18.0, lm_head 144-145 / 152.
 struct GemvTail {
   int blocks;      // grid
   int ks1_blocks;  // blocks with ksplit 1 (the rest split K)
@@ -913,11 +935,15 @@ struct GemvTail {
 // The streamed kernel's ks1_blocks for a grid of one kind: all ksplit 1, or all K-split.
 inline int gptq_gemv_ks1_blocks(int ksplit, int blocks) { return ksplit == 1 ? blocks : 0; }
 
-inline GemvTail gptq_gemv_stream_tail(int N, int rows, int ksplit, int blocks, int sms) {
+// The grid with its K-split tail: split when the busiest SM would carry more than pct %
+// above the average, and only grids of more than min_blocks blocks (kernel 12: 5 %, any
+// grid; kernel 13: any excess, grids above one wave of resident blocks).
+inline GemvTail gptq_gemv_stream_tail(int N, int rows, int ksplit, int blocks, int sms,
+                                      int pct = 5, int min_blocks = 0) {
   const GemvTail plain = {blocks, gptq_gemv_ks1_blocks(ksplit, blocks)};
-  if (ksplit != 1 || sms <= 0 || blocks < sms) return plain;
+  if (ksplit != 1 || sms <= 0 || blocks < sms || blocks <= min_blocks) return plain;
   const int full = blocks / sms;
-  if (blocks % sms == 0 || 20LL * (full + 1) * sms <= 21LL * blocks) return plain;
+  if (blocks % sms == 0 || 100LL * (full + 1) * sms <= (100LL + pct) * blocks) return plain;
   const int ks1 = full * sms;
   const int rows_left = N - ks1 * kGemvWarps * rows;
   return {ks1 + (rows_left + rows - 1) / rows, ks1};
@@ -934,7 +960,14 @@ inline void launch_gptq_gemv(const __half* x, const uint8_t* qw, const __half2* 
       const int blocks = gptq_gemv_blocks(N, R, ks);
       const int ks1 = gptq_gemv_ks1_blocks(ks, blocks);
       const size_t xs_bytes = (size_t)K * 2;
-      if (kernel == 0 || kernel == 12) {  // the M = 1 default
+      if (kernel == 0 || kernel == 13) {  // the M = 1 default: 2 rows per warp
+        constexpr int R2 = kGemvStreamRows / 2;
+        const int ks2 = gptq_gemv_stream_ksplit(N, K, R2, sm_count);
+        const GemvTail t = gptq_gemv_stream_tail(N, R2, ks2, gptq_gemv_blocks(N, R2, ks2),
+                                                 sm_count, 0, kGemvR2BlocksPerSm * sm_count);
+        gptq_gemv_stream_kernel<R2, 1, false, true><<<t.blocks, kGemvWarps * 32, 0, stream>>>(
+            x, qw, sz, bias, y, N, K, group_size, t.ks1_blocks);
+      } else if (kernel == 12) {
         const GemvTail t = gptq_gemv_stream_tail(N, R, ks, blocks, sm_count);
         gptq_gemv_stream_kernel<R, 1, false, true><<<t.blocks, kGemvWarps * 32, 0, stream>>>(
             x, qw, sz, bias, y, N, K, group_size, t.ks1_blocks);

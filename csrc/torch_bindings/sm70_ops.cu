@@ -133,11 +133,12 @@ Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t gr
   const auto* q = qw.data_ptr<uint8_t>();
   const auto* s = reinterpret_cast<const __half2*>(sz.data_ptr<at::Half>());
   const int n = (int)N, k = (int)K, g = (int)group_size;
-  TORCH_CHECK(kernel >= 0 && kernel <= 12,
+  TORCH_CHECK(kernel >= 0 && kernel <= 13,
               "kernel must be 0 (auto), 1 (classic), 2 or 3 (streamed, M = 1), 4 or 5 "
               "(stream-K, M = 1), 6 or 7 (streamed, x in shared memory, M = 1), 8 or 9 "
               "(streamed, packed-half math, M = 1), 10 (tensor cores, the device's mma), 11 "
-              "(tensor cores, m8n8k4) or 12 (8 with a K-split tail, M = 1), got " +
+              "(tensor cores, m8n8k4), 12 (8 with a K-split tail, M = 1) or 13 (12 with 2 rows per "
+              "warp, M = 1), got " +
                   std::to_string(kernel));
   // auto at M = 2..8 (MTP verification) is the tensor-core kernel where its K rules hold:
   // on the H200 its time is nearly flat in M (1.3-1.7x fp16 F.linear at M = 4) where the
@@ -162,7 +163,8 @@ Tensor gptq_gemv(const Tensor& x, const Tensor& qw, const Tensor& sz, int64_t gr
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device().index()));
   // Stream-K (kernels 4, 5; ksplit is ignored) only when asked for: on the H200 it was
   // slower than the streamed kernel on 8 of the 9 M = 1 shapes (docs/kernels.md); auto at
-  // M = 1 is the streamed kernel with packed-half math and a K-split tail (kernel 12).
+  // M = 1 is the streamed kernel with packed-half math, 2 rows per warp and a K-split tail
+  // (kernel 13).
   const bool sk_fits = sm70::gptq_gemv_sk_fits(N, K);  // 32-bit row offsets
   TORCH_CHECK((kn != 4 && kn != 5) || sk_fits, "kernel " + std::to_string(kn) +
                                      " (stream-K) needs N * K < 2^32, got N=" +

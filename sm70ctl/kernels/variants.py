@@ -47,10 +47,10 @@ VARIANTS: tuple[KernelVariant, ...] = (
         )
         for r, u in ((4, 2), (8, 1))
     ),
-    # streamed M = 1 with packed-half math (kernels 8, 9): U = 1 / 2
+    # streamed M = 1 with packed-half math (kernels 8, 9, 13): R = 4, U = 1 / 2; R = 2, U = 1
     *(
-        KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_stream_kernel<4, {u}, false, true>", 128)
-        for u in (1, 2)
+        KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_stream_kernel<{r}, {u}, false, true>", 128)
+        for r, u in ((4, 1), (4, 2), (2, 1))
     ),
     # tensor-core GEMV, M = 1..8 (kernels 10, 11): the m8n8k4 variant (the m16n8k16 one is
     # sm_80+ only, for the H200 test GPU)

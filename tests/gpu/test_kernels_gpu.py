@@ -148,12 +148,13 @@ def test_gptq_gemv_edges(n):
             assert_gemv_forward_error(y, x, w, bias, want)
 
 
-@pytest.mark.parametrize("kernel", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12])
+@pytest.mark.parametrize("kernel", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13])
 @pytest.mark.parametrize("ksplit", [0, 1, 4])
 def test_gptq_gemv_every_kernel_and_split(kernel, ksplit):
     """M = 1 through each kernel (classic, streamed U = 1 / 2, stream-K S = 2 / 3, which
     ignore ksplit, streamed with x in shared memory R = 4 / 8, packed-half U = 1 / 2 and
-    U = 1 with K-split blocks closing its grid, 12) and K-split mode forced,
+    U = 1 with K-split blocks closing its grid, 12, and the same with 2 rows per warp, 13) and
+    K-split mode forced,
     on a model shape, the int8 lm_head layout (G = K), odd N with K tails and a K too long
     for x in shared memory (kernels 6 and 7 fall back to the U = 1 kernel there)."""
     gen = torch.Generator(device="cuda").manual_seed(100 * kernel + ksplit)
@@ -165,7 +166,7 @@ def test_gptq_gemv_every_kernel_and_split(kernel, ksplit):
         (17, 1152, 128),
         (5120, 8704, 128),
         (9, 24576 + 512, 128),
-        (17408, 5120, 128),  # gate_up: kernel 12 ends its grid with K-split blocks
+        (17408, 5120, 128),  # gate_up: kernels 12 and 13 end their grids with K-split blocks
     ]
     for n, k, g in cases:
         qw = torch.randint(0, 256, (n, k), dtype=torch.uint8, device="cuda", generator=gen)
