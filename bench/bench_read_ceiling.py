@@ -50,7 +50,7 @@ __global__ void read_stream(const int4* __restrict__ p, long long n, int* out) {
   if (acc == 0x5eed1e55) out[0] = acc;
 }
 
-void read(torch::Tensor x, torch::Tensor out, int64_t grid, int64_t threads, int64_t u) {
+void read_words(torch::Tensor x, torch::Tensor out, int64_t grid, int64_t threads, int64_t u) {
   TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.nbytes() % 16 == 0,
               "x: contiguous CUDA, 16-byte words");
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -95,9 +95,10 @@ def time_configs(ext, nbytes: int, sms: int) -> dict[str, float]:
     ]
     sink = torch.zeros(1, dtype=torch.int32, device="cuda")
     out = {}
+    read = ext.read_words
     for bps, threads, u in CONFIGS:
         calls = [
-            (lambda b=bufs[i % ncopy], g=bps * sms, t=threads, u=u: ext.read(b, sink, g, t, u))
+            (lambda b=bufs[i % ncopy], g=bps * sms, t=threads, u=u: read(b, sink, g, t, u))
             for i in range(max(ncopy, 16))
         ]
         out[f"{bps}x{threads}_u{u}"] = B.time_graph(calls) * 1e6
@@ -115,9 +116,10 @@ def main() -> int:
 
     ext = load_inline(
         "sm70_read_ceiling",
-        "void read(torch::Tensor x, torch::Tensor out, int64_t grid, int64_t threads, int64_t u);",
+        "void read_words(torch::Tensor x, torch::Tensor out, int64_t grid, int64_t threads,"
+        " int64_t u);",
         cuda_sources=SOURCE,
-        functions=["read"],
+        functions=["read_words"],
         extra_cuda_cflags=["-O3"],
     )
     sms = torch.cuda.get_device_properties(0).multi_processor_count
