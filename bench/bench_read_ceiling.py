@@ -137,9 +137,6 @@ def main() -> int:
             "us": us,
             "frac_of_copy": nbytes / (us * 1e-6) / 1e9 / copy,
             "us_by_config": by_config,
-            "kb_in_flight_per_sm_by_config": {
-                f"{b}x{t}_u{u}": b * t * u * 16 // 1024 for b, t, u in CONFIGS
-            },
         }
         rows.append(row)
         brief = {k: row[k] for k in ("case", "bytes", "best_config", "us", "frac_of_copy")}
@@ -150,6 +147,9 @@ def main() -> int:
         "copy_gbps": copy,
         "l2_handling": "rotating copies >= 512 MiB per case; CUDA-graph replay",
         "configs": "blocks per SM x threads per block _u 16-byte loads in flight per thread",
+        "kb_in_flight_per_sm_by_config": {
+            f"{b}x{t}_u{u}": b * t * u * 16 // 1024 for b, t, u in CONFIGS
+        },
         "rows": rows,
     }
     print(f"copy {copy:.0f} GB/s (4 GiB, read + written, eager)")
@@ -163,7 +163,7 @@ def main() -> int:
             f" {by['4x256_u1']:8.2f} {by['4x256_u2']:9.2f} {by['4x256_u4']:9.2f}"
         )
     if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

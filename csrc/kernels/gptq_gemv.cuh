@@ -921,12 +921,13 @@ inline void launch_gptq_gemv_tc(bool native, const __half* x, const uint8_t* qw,
 // (bench/bench_read_ceiling.py), kernel 8's loads without its math 11.0 and kernel 12
 // 12.3: the math of one warp's step delays its next loads, and more warps cover that
 // better than a deeper pipeline per warp (3-5 stages per warp in registers ran 5-15 %
-// slower than 2; experiments of 2026-11-30, docs/kernels.md). Its tail rule: split only when the grid is more than one
-// wave of resident blocks (then the last partial wave ran 1-2 blocks per SM for a whole
-// block lifetime: gate_up at 2176 blocks 26.4-26.6 us plain, 24.2 split); in one wave any
-// split lost (qkv 12.1 against 11.7). H200, against kernel 12 in the same calls (us): qkv
-// 11.7-11.9 / 12.3, in_proj_qkvz 12.9-13.0 / 13.3, gate_up 24.2-24.3 / 25.3-25.4,
-// down_proj 15.2-15.4 / 16.1-16.3, MTP fc 17.1-17.3 / 18.0, lm_head 144-145 / 152.
+// slower than 2; experiments of 2026-11-30, docs/kernels.md). Its tail rule: split only
+// when the grid is more than one wave of resident blocks (then the last partial wave ran
+// 1-2 blocks per SM for a whole block lifetime: gate_up at 2176 blocks 26.4-26.6 us
+// plain, 24.2 split); in one wave any split lost (qkv 12.1 against 11.7). H200, against
+// kernel 12 in the same calls (us): qkv 11.6-11.9 / 12.3, in_proj_qkvz 12.9-13.0 / 13.3,
+// gate_up 24.2-24.8 / 25.3-25.9, down_proj 15.2-15.4 / 16.1-16.3, MTP fc 17.1-17.4 /
+// 18.0-18.2, lm_head 144-146 / 152-154.
 struct GemvTail {
   int blocks;      // grid
   int ks1_blocks;  // blocks with ksplit 1 (the rest split K)
