@@ -124,9 +124,15 @@ def same_bytes_stream_us(nbytes: int) -> float:
     return time_graph(calls) * 1e6 * nbytes / (8 * words)
 
 
-def bench_gemv(name: str, n: int, k: int, m: int, copy_gbps: float) -> dict:
+def gemv_group_and_bytes(name: str, n: int, k: int) -> tuple[int, int]:
+    """Group size and weight bytes (codes + fp16 (scale, zero) pairs) of a GEMV shape:
+    groups of 128, the int8 lm_head one group per row."""
     g = k if name == "lm_head_int8" else 128
-    wbytes = n * k + n * (k // g) * 4
+    return g, n * k + n * (k // g) * 4
+
+
+def bench_gemv(name: str, n: int, k: int, m: int, copy_gbps: float) -> dict:
+    g, wbytes = gemv_group_and_bytes(name, n, k)
     ncopy = copies_for(wbytes)
     qws = [torch.randint(0, 256, (n, k), dtype=torch.uint8, device="cuda") for _ in range(ncopy)]
     sz = torch.empty(n, k // g, 2, dtype=torch.float16, device="cuda")

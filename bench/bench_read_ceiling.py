@@ -79,8 +79,7 @@ def cases() -> list[tuple[str, int]]:
     """(name, bytes): the GEMV shapes' weight bytes and the attention contexts' KV bytes."""
     out = []
     for name, n, k in B.GEMV_SHAPES:
-        g = k if name == "lm_head_int8" else 128
-        out.append((f"gemv {name}", n * k + n * (k // g) * 4))
+        out.append((f"gemv {name}", B.gemv_group_and_bytes(name, n, k)[1]))
     for ctx in (65536, 262144):  # K + V int8 + fp32 scales, 2 KV heads x 256 dims
         out.append((f"attention {ctx // 1024}K", ctx * 2 * (2 * 256 + 2 * 4)))
     return out

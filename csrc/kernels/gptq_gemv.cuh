@@ -955,20 +955,22 @@ inline void launch_gptq_gemv(const __half* x, const uint8_t* qw, const __half2* 
                              const __half* bias, __half* y, int N, int K, int group_size,
                              int sm_count, cudaStream_t stream, int kernel = 0) {
   if constexpr (M == 1) {
+    if (kernel == 0 || kernel == 13) {  // the M = 1 default: 2 rows per warp
+      constexpr int R2 = kGemvStreamRows / 2;
+      const int ks2 = gptq_gemv_stream_ksplit(N, K, R2, sm_count);
+      const GemvTail t = gptq_gemv_stream_tail(N, R2, ks2, gptq_gemv_blocks(N, R2, ks2),
+                                               sm_count, 0, kGemvR2BlocksPerSm * sm_count);
+      gptq_gemv_stream_kernel<R2, 1, false, true><<<t.blocks, kGemvWarps * 32, 0, stream>>>(
+          x, qw, sz, bias, y, N, K, group_size, t.ks1_blocks);
+      return;
+    }
     if (kernel != 1) {
       constexpr int R = kGemvStreamRows;
       const int ks = gptq_gemv_stream_ksplit(N, K, R, sm_count);
       const int blocks = gptq_gemv_blocks(N, R, ks);
       const int ks1 = gptq_gemv_ks1_blocks(ks, blocks);
       const size_t xs_bytes = (size_t)K * 2;
-      if (kernel == 0 || kernel == 13) {  // the M = 1 default: 2 rows per warp
-        constexpr int R2 = kGemvStreamRows / 2;
-        const int ks2 = gptq_gemv_stream_ksplit(N, K, R2, sm_count);
-        const GemvTail t = gptq_gemv_stream_tail(N, R2, ks2, gptq_gemv_blocks(N, R2, ks2),
-                                                 sm_count, 0, kGemvR2BlocksPerSm * sm_count);
-        gptq_gemv_stream_kernel<R2, 1, false, true><<<t.blocks, kGemvWarps * 32, 0, stream>>>(
-            x, qw, sz, bias, y, N, K, group_size, t.ks1_blocks);
-      } else if (kernel == 12) {
+      if (kernel == 12) {
         const GemvTail t = gptq_gemv_stream_tail(N, R, ks, blocks, sm_count);
         gptq_gemv_stream_kernel<R, 1, false, true><<<t.blocks, kGemvWarps * 32, 0, stream>>>(
             x, qw, sz, bias, y, N, K, group_size, t.ks1_blocks);
