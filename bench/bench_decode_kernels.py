@@ -33,6 +33,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from launch_cost import fit_launch_cost
 
 from sm70ctl.kernels import reference as ref
 from sm70ctl.kernels.loader import load_extension
@@ -402,6 +405,12 @@ def main() -> int:
     def low(rows: list[dict], key) -> float | None:
         return min(key(r) for r in rows) if rows else None
 
+    # the M = 1 default's launch cost beyond its bytes (compare bench_read_ceiling's fit)
+    try:
+        m1_fit = fit_launch_cost([r for r in gemv if r["m"] == 1])
+    except ValueError:  # --quick or --section decode: too few shapes
+        m1_fit = None
+
     result = {
         "device": props.name,
         "sm_count": props.multi_processor_count,
@@ -410,6 +419,7 @@ def main() -> int:
         "copy_variants_gbps": copies,
         "l2_handling": "rotating weight/KV copies >= 512 MiB per case; CUDA-graph replay",
         "gemv": gemv,
+        "gemv_m1_launch_fit": m1_fit,
         "decode": decode,
         "targets": {
             "gemv_m1_large_min_frac_of_copy": low(large_m1, lambda r: r["frac_of_copy"]),
@@ -432,6 +442,11 @@ def main() -> int:
     else:
         print(text)
     print(render(result))
+    if m1_fit:
+        print(
+            f"GEMV M = 1 default, fit over the {m1_fit['cases']} shapes of >= 16 MB: every launch"
+            f" {m1_fit['t0_us']:.2f} us + bytes at {m1_fit['stream_gbps']:.0f} GB/s"
+        )
     print("targets:", json.dumps(result["targets"]))
     return 0
 

@@ -16,6 +16,7 @@ in this run.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_decode_kernels as B
+from launch_cost import fit_launch_cost
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -76,8 +78,9 @@ CONFIGS = [
 
 
 def cases() -> list[tuple[str, int]]:
-    """(name, bytes): the GEMV shapes' weight bytes and the attention contexts' KV bytes."""
-    out = []
+    """(name, bytes): a 64 KB read (what one launch costs when it moves almost nothing),
+    the GEMV shapes' weight bytes and the attention contexts' KV bytes."""
+    out = [("floor 64 KB", 64 * 1024)]
     for name, n, k in B.GEMV_SHAPES:
         out.append((f"gemv {name}", B.gemv_group_and_bytes(name, n, k)[1]))
     for ctx in (65536, 262144):  # K + V int8 + fp32 scales, 2 KV heads x 256 dims
@@ -150,6 +153,9 @@ def main() -> int:
             f"{b}x{t}_u{u}": b * t * u * 16 // 1024 for b, t, u in CONFIGS
         },
         "rows": rows,
+        "fit": fit_launch_cost(rows),
+        "date": datetime.date.today().isoformat(),
+        "command": " ".join(["python3", *sys.argv]),
     }
     print(f"copy {copy:.0f} GB/s (4 GiB, read + written, eager)")
     head = f"{'case':28s} {'MB':>8s} {'best us':>9s} {'% copy':>7s}  {'best config':12s}"
@@ -161,6 +167,11 @@ def main() -> int:
             f" {r['frac_of_copy'] * 100:6.0f} %  {r['best_config']:12s}"
             f" {by['4x256_u1']:8.2f} {by['4x256_u2']:9.2f} {by['4x256_u4']:9.2f}"
         )
+    fit = result["fit"]
+    print(
+        f"fit over the {fit['cases']} cases of >= {fit['min_bytes'] / 1e6:.0f} MB: every launch"
+        f" {fit['t0_us']:.2f} us + bytes at {fit['stream_gbps']:.0f} GB/s"
+    )
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
