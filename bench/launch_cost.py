@@ -1,13 +1,13 @@
-"""What a launch costs beyond streaming its bytes, fitted from timed reads of several sizes
-(pure; bench_read_ceiling.py measures the rows)."""
+"""What a launch costs beyond streaming its bytes, fitted from timed runs of several sizes
+(pure: bench_read_ceiling.py and bench_decode_kernels.py time the rows)."""
 
 from __future__ import annotations
 
 
 def fit_launch_cost(rows: list[dict], min_bytes: int = 16 * 10**6) -> dict:
-    """Least-squares t = t0 + bytes / bw over the best times of the cases of at least
+    """Least-squares t = t0 + bytes / rate over the rows ("bytes", "us") of at least
     min_bytes: t0 is what a launch costs beyond streaming its bytes (ramp, tail, the gap
-    between graph nodes), bw the rate of the stream itself."""
+    between graph nodes), the rate (stream_gbps) that of the stream itself."""
     pts = [(r["bytes"], r["us"]) for r in rows if r["bytes"] >= min_bytes]
     n = len(pts)
     if n < 2 or len({b for b, _ in pts}) < 2:

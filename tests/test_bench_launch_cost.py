@@ -1,4 +1,4 @@
-"""bench/launch_cost.py: the launch-cost fit over the read-ceiling bench's rows."""
+"""bench/launch_cost.py: the launch-cost fit over timed rows of several sizes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-import launch_cost as rc
+import launch_cost as lc
 
 
 def rows(points: list[tuple[int, float]]) -> list[dict]:
@@ -19,7 +19,7 @@ def rows(points: list[tuple[int, float]]) -> list[dict]:
 def test_fit_recovers_launch_cost_and_rate():
     # 2.5 us per launch plus bytes at 4000 GB/s (4000 bytes per ns = 4e6 bytes per us)
     pts = [(b, 2.5 + b / 4e6) for b in (20_000_000, 40_000_000, 90_000_000, 600_000_000)]
-    fit = rc.fit_launch_cost(rows(pts))
+    fit = lc.fit_launch_cost(rows(pts))
     assert fit["t0_us"] == pytest.approx(2.5)
     assert fit["stream_gbps"] == pytest.approx(4000)
     assert fit["cases"] == 4
@@ -28,7 +28,7 @@ def test_fit_recovers_launch_cost_and_rate():
 def test_fit_leaves_out_cases_below_min_bytes():
     pts = [(b, 1.0 + b / 2e6) for b in (20_000_000, 50_000_000, 100_000_000)]
     pts.append((65_536, 9.0))  # a 64 KB read far off the line must not move the fit
-    fit = rc.fit_launch_cost(rows(pts), min_bytes=16 * 10**6)
+    fit = lc.fit_launch_cost(rows(pts), min_bytes=16 * 10**6)
     assert fit["t0_us"] == pytest.approx(1.0)
     assert fit["stream_gbps"] == pytest.approx(2000)
     assert fit["cases"] == 3
@@ -36,4 +36,4 @@ def test_fit_leaves_out_cases_below_min_bytes():
 
 def test_fit_refuses_fewer_than_two_sizes():
     with pytest.raises(ValueError, match="two sizes"):
-        rc.fit_launch_cost(rows([(20_000_000, 7.0), (20_000_000, 7.2), (1_000, 2.0)]))
+        lc.fit_launch_cost(rows([(20_000_000, 7.0), (20_000_000, 7.2), (1_000, 2.0)]))
