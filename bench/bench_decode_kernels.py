@@ -35,7 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from launch_cost import fit_launch_cost
+from launch_cost import describe_fit, fit_launch_cost
 
 from sm70ctl.kernels import reference as ref
 from sm70ctl.kernels.loader import load_extension
@@ -408,7 +408,7 @@ def main() -> int:
     # the M = 1 default's launch cost beyond its bytes (compare bench_read_ceiling's fit)
     try:
         m1_fit = fit_launch_cost([r for r in gemv if r["m"] == 1])
-    except ValueError:  # --quick or --section decode: too few shapes
+    except ValueError:  # no M = 1 rows (--section decode, or --m without 1)
         m1_fit = None
 
     result = {
@@ -443,10 +443,7 @@ def main() -> int:
         print(text)
     print(render(result))
     if m1_fit:
-        print(
-            f"GEMV M = 1 default, fit over the {m1_fit['cases']} shapes of >= 16 MB: every launch"
-            f" {m1_fit['t0_us']:.2f} us + bytes at {m1_fit['stream_gbps']:.0f} GB/s"
-        )
+        print("GEMV M = 1 default,", describe_fit(m1_fit))
     print("targets:", json.dumps(result["targets"]))
     return 0
 

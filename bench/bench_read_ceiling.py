@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_decode_kernels as B
-from launch_cost import fit_launch_cost
+from launch_cost import describe_fit, fit_launch_cost
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -167,11 +167,7 @@ def main() -> int:
             f" {r['frac_of_copy'] * 100:6.0f} %  {r['best_config']:12s}"
             f" {by['4x256_u1']:8.2f} {by['4x256_u2']:9.2f} {by['4x256_u4']:9.2f}"
         )
-    fit = result["fit"]
-    print(
-        f"fit over the {fit['cases']} cases of >= {fit['min_bytes'] / 1e6:.0f} MB: every launch"
-        f" {fit['t0_us']:.2f} us + bytes at {fit['stream_gbps']:.0f} GB/s"
-    )
+    print(describe_fit(result["fit"]))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -24,3 +24,11 @@ def fit_launch_cost(rows: list[dict], min_bytes: int = 16 * 10**6) -> dict:
         "cases": n,
         "min_bytes": min_bytes,
     }
+
+
+def describe_fit(fit: dict) -> str:
+    """One line for a bench's output: what every launch costs and the stream's rate."""
+    return (
+        f"fit over the {fit['cases']} cases of >= {fit['min_bytes'] / 1e6:.0f} MB: every launch"
+        f" {fit['t0_us']:.2f} us + bytes at {fit['stream_gbps']:.0f} GB/s"
+    )

@@ -37,3 +37,9 @@ def test_fit_leaves_out_cases_below_min_bytes():
 def test_fit_refuses_fewer_than_two_sizes():
     with pytest.raises(ValueError, match="two sizes"):
         lc.fit_launch_cost(rows([(20_000_000, 7.0), (20_000_000, 7.2), (1_000, 2.0)]))
+
+
+def test_describe_fit_states_cost_rate_and_cases():
+    pts = [(b, 2.5 + b / 4e6) for b in (20_000_000, 90_000_000)]
+    line = lc.describe_fit(lc.fit_launch_cost(rows(pts)))
+    assert line == "fit over the 2 cases of >= 16 MB: every launch 2.50 us + bytes at 4000 GB/s"

@@ -917,11 +917,13 @@ inline void launch_gptq_gemv_tc(bool native, const __half* x, const uint8_t* qw,
 // Kernel 13, the M = 1 default: the same kernel with 2 rows per warp (R = 2) instead of 4,
 // which fits 64 registers, so 8 blocks (32 warps) per SM instead of 4 (16 warps): twice
 // the warps, each with half the bytes in flight. Why: on the H200 a read-only stream over
-// qkv_proj's 38 MB took 12.2 us with 32 KB of loads in flight per SM and 10.7 with 64 KB
-// (bench/bench_read_ceiling.py), kernel 8's loads without its math 11.0 and kernel 12
-// 12.3: the math of one warp's step delays its next loads, and more warps cover that
-// better than a deeper pipeline per warp (3-5 stages per warp in registers ran 5-15 %
-// slower than 2; experiments of 2026-11-30, docs/kernels.md). Its tail rule: split only
+// qkv_proj's 38 MB runs faster with more loads in flight per SM (bench/bench_read_ceiling.py:
+// 10.8 us with 32 KB, 10.4 with 64 KB), kernel 8's loads without its math took 11.0 and
+// kernel 12 12.3, and more warps cover a warp's math better than a deeper pipeline per warp
+// (3-5 stages per warp in registers ran 5-15 % slower than 2; twice the bytes per warp at 2
+// rows lost too; experiments of 2026-11-30, docs/kernels.md). What it still pays above a
+// read-only kernel is a fixed cost per launch, 3.85 against 2.20 us (bench/launch_cost.py
+// fits; the warps' ends spread over 2-3 us). Its tail rule: split only
 // when the grid is more than one wave of resident blocks (then the last partial wave ran
 // 1-2 blocks per SM for a whole block lifetime: gate_up at 2176 blocks 26.4-26.6 us
 // plain, 24.2 split); in one wave any split lost (qkv 12.1 against 11.7). H200, against
