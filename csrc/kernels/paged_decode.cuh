@@ -104,10 +104,12 @@ __device__ __forceinline__ T pd_block_reduce(T v, T* red, Op op) {
   return r;
 }
 
-// tokens / parts rounded up to whole tiles, at least one tile
-__device__ __forceinline__ int pd_chunk_for(long long tokens, long long parts) {
-  const long long per = (tokens + parts - 1) / parts;
-  return (int)max((long long)kPdTile, (per + kPdTile - 1) / kPdTile * kPdTile);
+// tokens / parts rounded up to whole tiles, at least one tile. I = int where the count
+// fits (one sequence: 32-bit division), long long for a batch's total.
+template <typename I>
+__device__ __forceinline__ int pd_chunk_for(I tokens, I parts) {
+  const I per = (tokens + parts - 1) / parts;
+  return (int)max((I)kPdTile, (per + kPdTile - 1) / kPdTile * kPdTile);
 }
 
 // The slot's work in a batched launch (batch > 1, num_splits > 1). The batch's tokens are
@@ -141,7 +143,7 @@ __device__ __forceinline__ PdWork pd_work_batch(const int* seq_lens, int S, int 
   }
   total = pd_block_reduce(total, red64, [](long long a, long long c) { return a + c; });
   longest = pd_block_reduce(longest, red32, [](int a, int c) { return max(a, c); });
-  int chunk = max(pd_chunk_for(total, W), pd_chunk_for(longest, kPdMaxSplits));
+  int chunk = max(pd_chunk_for(total, W), pd_chunk_for<long long>(longest, kPdMaxSplits));
   int count = 0;
   for (int i = tid; i < B; i += kPdWarps * 32) count += (seq_lens[i] + chunk - 1) / chunk;
   count = pd_block_reduce(count, red32, [](int a, int c) { return a + c; });
@@ -252,8 +254,7 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, NATIVE>::va
   } else {
     b = blockIdx.y;
     ctx = p.seq_lens[b];
-    const int per_split_raw = (ctx + p.num_splits - 1) / p.num_splits;
-    const int per_split = (per_split_raw + kPdTile - 1) / kPdTile * kPdTile;
+    const int per_split = pd_chunk_for(ctx, p.num_splits);
     t_begin = blockIdx.x * per_split;
     t_end = min(ctx, t_begin + per_split);
   }
