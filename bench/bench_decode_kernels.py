@@ -134,6 +134,12 @@ def gemv_group_and_bytes(name: str, n: int, k: int) -> tuple[int, int]:
     return g, n * k + n * (k // g) * 4
 
 
+def kv_bytes(tokens: int, hkv: int = 2) -> int:
+    """int8 KV bytes of `tokens` tokens: K and V rows of 256 dims plus an fp32 scale each,
+    per KV head."""
+    return tokens * hkv * 2 * (256 + 4)
+
+
 def bench_gemv(name: str, n: int, k: int, m: int, copy_gbps: float) -> dict:
     g, wbytes = gemv_group_and_bytes(name, n, k)
     ncopy = copies_for(wbytes)
@@ -225,7 +231,7 @@ def bench_decode(
     ctxs = [ctx] if isinstance(ctx, int) else list(ctx)
     nblks = [math.ceil(c / block_size) for c in ctxs]
     nblk = sum(nblks)
-    per_copy = nblk * hkv * block_size * (256 + 4) * 2
+    per_copy = kv_bytes(nblk * block_size, hkv)
     ncopy = copies_for(per_copy)
     total = nblk * ncopy
     k_cache = torch.randint(
@@ -275,7 +281,7 @@ def bench_decode(
         for i in range(max(ncopy, 8))
     ]
     t = time_graph(calls)
-    moved = sum(ctxs) * hkv * 2 * (256 + 4)
+    moved = kv_bytes(sum(ctxs), hkv)
     same = same_bytes_stream_us(moved)
     gbps = moved / t / 1e9
     return {

@@ -83,8 +83,8 @@ def cases() -> list[tuple[str, int]]:
     out = [("floor 64 KB", 64 * 1024)]
     for name, n, k in B.GEMV_SHAPES:
         out.append((f"gemv {name}", B.gemv_group_and_bytes(name, n, k)[1]))
-    for ctx in (65536, 262144):  # K + V int8 + fp32 scales, 2 KV heads x 256 dims
-        out.append((f"attention {ctx // 1024}K", ctx * 2 * (2 * 256 + 2 * 4)))
+    for ctx in (65536, 262144):
+        out.append((f"attention {ctx // 1024}K", B.kv_bytes(ctx)))
     return out
 
 

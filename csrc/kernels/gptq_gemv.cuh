@@ -922,8 +922,9 @@ inline void launch_gptq_gemv_tc(bool native, const __half* x, const uint8_t* qw,
 // kernel 12 12.3, and more warps cover a warp's math better than a deeper pipeline per warp
 // (3-5 stages per warp in registers ran 5-15 % slower than 2; twice the bytes per warp at 2
 // rows lost too; experiments of 2026-11-30, docs/kernels.md). What it still pays above a
-// read-only kernel is a fixed cost per launch, 3.85 against 2.20 us (bench/launch_cost.py
-// fits; the warps' ends spread over 2-3 us). Its tail rule: split only
+// read-only kernel is a fixed cost per launch, 3.85-4.04 against 2.20-2.33 us in the
+// eighth and ninth sessions' runs (bench/launch_cost.py fits; the warps' ends spread over
+// 2-3 us). Its tail rule: split only
 // when the grid is more than one wave of resident blocks (then the last partial wave ran
 // 1-2 blocks per SM for a whole block lifetime: gate_up at 2176 blocks 26.4-26.6 us
 // plain, 24.2 split); in one wave any split lost (qkv 12.1 against 11.7). H200, against
