@@ -3,6 +3,7 @@ SettingsError whose every problem names the variable, the value and the rule."""
 
 from __future__ import annotations
 
+import re
 import string
 
 import pytest
@@ -14,6 +15,7 @@ from sm70ctl.settings import values as V
 
 SCHEMA = load_schema()
 NAMES = [v.name for v in SCHEMA.variables]
+_LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 texts = st.one_of(
@@ -173,6 +175,9 @@ def test_any_env_file_is_accepted_or_explained(tmp_path_factory, lines):
 
     path = tmp_path_factory.mktemp("envfile") / "x.env"
     path.write_text("\n".join(lines), encoding="utf-8", errors="surrogatepass")
+    # Without odd line breaks inside an item, item i is the file's line i + 1 whichever
+    # splitting convention the parser uses, so a problem's line number can be checked.
+    plain = not any(ch in item for item in lines for ch in _LINE_BREAKS)
     try:
         load_settings({}, env_file=path)
     except SettingsError as exc:
@@ -180,7 +185,14 @@ def test_any_env_file_is_accepted_or_explained(tmp_path_factory, lines):
             assert p.variable and p.rule and p.allowed
             # every problem is traced to the file: its own line, or the line of the
             # related variable the file set (a cross-field conflict with a default)
-            assert f"file:{path}:" in p.source
+            numbers = [int(n) for n in re.findall(rf"file:{re.escape(str(path))}:(\d+)",
+                                                  p.source)]
+            assert numbers, p.line()
+            for n in numbers if plain else ():
+                assert 1 <= n <= len(lines), f"{p.line()} points past the file's end"
+                named = (p.variable, *p.related)
+                assert p.variable == f"{path}:{n}" or any(v in lines[n - 1] for v in named), (
+                    f"{p.line()} points at line {n}: {lines[n - 1]!r}")
     except Sm70Error as exc:  # unreadable (e.g. not UTF-8): one clear message
         assert "cannot read env file" in exc.message
 
