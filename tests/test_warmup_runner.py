@@ -149,7 +149,12 @@ def start_warmup_until_server_starts(env: dict[str, str], tmp_path: Path) -> sub
     proc = subprocess.Popen([sys.executable, "-m", "sm70ctl", *warm_args()], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + 30
-    while not (tmp_path / "starts.txt").exists() and time.monotonic() < end:
+    while not (tmp_path / "starts.txt").exists():
+        if proc.poll() is not None or time.monotonic() > end:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"the warmup never started its fake server (exit {proc.returncode}): "
+                        f"{err[-2000:]}")
         time.sleep(0.1)
     return proc
 
@@ -266,8 +271,10 @@ def test_force_warmup_refuses_an_entry_a_server_runs_on(env: dict[str, str],
     try:
         end = time.monotonic() + 30
         while "ready after" not in (tmp_path / "serve.stderr").read_text():
-            assert serve.poll() is None and time.monotonic() < end, \
-                (tmp_path / "serve.stderr").read_text()
+            if serve.poll() is not None or time.monotonic() > end:
+                state = "exited" if serve.poll() is not None else "still not ready"
+                pytest.fail(f"sm70ctl serve {state} without reporting ready: "
+                            + (tmp_path / "serve.stderr").read_text()[-2000:])
             time.sleep(0.2)
         r = sm70(warm_args("--force"), env)
         assert r.returncode == 1 and "Traceback" not in r.stderr
