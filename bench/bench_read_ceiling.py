@@ -25,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_decode_kernels as B
+import decode_cases as C
+from gpu_timing import copy_bandwidth, time_graph
 from launch_cost import describe_fit, fit_launch_cost
 
 SOURCE = r"""
@@ -81,16 +82,16 @@ def cases() -> list[tuple[str, int]]:
     """(name, bytes): a 64 KB read (what one launch costs when it moves almost nothing),
     the GEMV shapes' weight bytes and the attention contexts' KV bytes."""
     out = [("floor 64 KB", 64 * 1024)]
-    for name, n, k in B.GEMV_SHAPES:
-        out.append((f"gemv {name}", B.gemv_group_and_bytes(name, n, k)[1]))
+    for name, n, k in C.GEMV_SHAPES:
+        out.append((f"gemv {name}", C.gemv_group_and_bytes(name, n, k)[1]))
     for ctx in (65536, 262144):
-        out.append((f"attention {ctx // 1024}K", B.kv_bytes(ctx)))
+        out.append((f"attention {ctx // 1024}K", C.kv_bytes(ctx)))
     return out
 
 
 def time_configs(ext, nbytes: int, sms: int) -> dict[str, float]:
     """Microseconds per read of nbytes for every config, rotating copies, graphed."""
-    ncopy = B.copies_for(nbytes)
+    ncopy = C.copies_for(nbytes)
     bufs = [
         torch.randint(-(2**31), 2**31 - 1, (nbytes // 4,), dtype=torch.int32, device="cuda")
         for _ in range(ncopy)
@@ -103,7 +104,7 @@ def time_configs(ext, nbytes: int, sms: int) -> dict[str, float]:
             (lambda b=bufs[i % ncopy], g=bps * sms, t=threads, u=u: read(b, sink, g, t, u))
             for i in range(max(ncopy, 16))
         ]
-        out[f"{bps}x{threads}_u{u}"] = B.time_graph(calls) * 1e6
+        out[f"{bps}x{threads}_u{u}"] = time_graph(calls) * 1e6
     return out
 
 
@@ -125,7 +126,7 @@ def main() -> int:
         extra_cuda_cflags=["-O3"],
     )
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    copy = B.copy_bandwidth()["eager_gbps"]
+    copy = copy_bandwidth()["eager_gbps"]
     rows = []
     for name, nbytes in cases():
         nbytes = (nbytes + 15) // 16 * 16
