@@ -5,9 +5,9 @@ worker), possibly more than once per process; it must be idempotent and cheap. I
 the plugin configuration (vllm_patch.config, from SM70_PLUGIN_CONFIG) and registers what
 vLLM's hooks reach:
 
-- our custom ops: the csrc/ library `sm70ctl build` installs as
-  vllm_patch/_lib/sm70_kernels.so, loaded through `torch.ops.load_library` (torch is
-  imported only when that library exists);
+- our custom ops: the prebuilt csrc/ library `sm70ctl build` installs in vllm_patch/_lib/,
+  when it matches this runtime (`vllm_patch.ops.loader.load_prebuilt`; torch is imported
+  only when a library file exists; kernels that find none build it on first use);
 - the SM70 attention backend, registered with vLLM's backend registry
   (`register_backend`) under SM70_PAGED (the name patch 0002 adds), or in the CUSTOM slot
   of an unpatched vLLM, when its module `vllm_patch.attention` is present.
@@ -21,13 +21,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
-from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("vllm_patch")
 
-LIB_DIR = Path(__file__).resolve().parent / "_lib"
-KERNELS_LIB = "sm70_kernels.so"
 ATTENTION_MODULE = "vllm_patch.attention"
 ATTENTION_CLASS = "vllm_patch.attention.Sm70PagedBackend"
 
@@ -45,7 +42,7 @@ def register() -> dict[str, Any]:
 
         config = PluginConfig.from_env()
         report: dict[str, Any] = {"calls": 1, "config": config}
-        report["custom_ops"] = _load_custom_ops(LIB_DIR / KERNELS_LIB)
+        report["custom_ops"] = _load_custom_ops()
         report["attention_backend"] = _register_attention_backend()
         _state.update(report)
         logger.info("sm70 plugin registered: custom ops %s, attention backend %s",
@@ -58,13 +55,10 @@ def registered() -> dict[str, Any]:
     return dict(_state)
 
 
-def _load_custom_ops(lib: Path) -> str:
-    if not lib.is_file():
-        return "absent (not built: run `sm70ctl build`)"
-    import torch  # only once there is a library to load
+def _load_custom_ops() -> str:
+    from vllm_patch.ops.loader import load_prebuilt
 
-    torch.ops.load_library(str(lib))
-    return f"loaded {lib}"
+    return load_prebuilt()
 
 
 def _register_attention_backend() -> str:
