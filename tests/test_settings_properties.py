@@ -194,7 +194,7 @@ def test_any_env_file_is_accepted_or_explained(tmp_path_factory, lines):
                 assert p.variable == f"{path}:{n}" or any(v in lines[n - 1] for v in named), (
                     f"{p.line()} points at line {n}: {lines[n - 1]!r}")
     except Sm70Error as exc:  # unreadable (e.g. not UTF-8): one clear message
-        assert "cannot read env file" in exc.message
+        assert exc.message.startswith(f"env file {path}: ")
 
 
 def test_binary_env_file_is_a_clear_error(tmp_path):
@@ -202,7 +202,7 @@ def test_binary_env_file_is_a_clear_error(tmp_path):
 
     path = tmp_path / "bin.env"
     path.write_bytes(b"\xff\xfe\x00SM70_PORT=1")
-    with pytest.raises(Sm70Error, match="cannot read env file"):
+    with pytest.raises(Sm70Error, match="env file .*: binary content"):
         load_settings({}, env_file=path)
 
 

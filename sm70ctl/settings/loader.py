@@ -18,15 +18,28 @@ from typing import Any
 from pydantic import ValidationError
 
 from sm70ctl.errors import Sm70Error
+from sm70ctl.readers import read_text
+from sm70ctl.secrets import MASK, mask_value
 from sm70ctl.settings.model import Settings, SettingsBase
-from sm70ctl.settings.problems import MASK, Problem, SettingsError
+from sm70ctl.settings.problems import Problem, SettingsError
 from sm70ctl.settings.rules import check_rules
 from sm70ctl.settings.schema import PREFIX, RESERVED_NAMES, Schema, load_schema
 
 ENVIRONMENT = "environment"
 DEFAULT = "default"
 
-_LINE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_EXPORT = re.compile(r"export\s+")
+
+# Env files hold a few dozen short settings; a bigger one is a wrong file given.
+MAX_ENV_FILE_BYTES = 1024 * 1024
+# No setting needs more: paths stop at PATH_MAX, lists at a few hundred items. The bound
+# keeps a value far below what one argument or variable of exec may carry, so a pasted
+# blob is refused here instead of killing the vLLM launch ("Argument list too long").
+MAX_VALUE_BYTES = 16 * 1024
+_SHOWN = 60
+_DOUBLE_ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "t": "\t", "r": "\r", "$": "$",
+                   "'": "'"}
 
 
 @dataclass(frozen=True)
@@ -35,51 +48,116 @@ class RawValue:
     source: str
 
 
-def parse_env_file(path: Path) -> tuple[dict[str, RawValue], list[Problem]]:
-    """KEY=VALUE lines (optional `export`, quotes, # comments) -> values and syntax problems."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or str(exc)
-        raise Sm70Error(f"cannot read env file {path}: {reason}",
-                        hint="pass an existing UTF-8 .env file to --env-file") from None
+class _LineError(ValueError):
+    """A line that is not `KEY=VALUE` by the dotenv conventions; the message is the rule."""
+
+
+def _parse_value(rest: str) -> str:
+    """The value part of a line: quoted (then only a # comment may follow) or bare (a
+    whitespace-led # starts a comment), as shells and python-dotenv read it."""
+    rest = rest.lstrip(" \t")
+    if rest[:1] == "'":
+        close = rest.find("'", 1)
+        if close < 0:
+            raise _LineError("single quote not closed on this line")
+        value, tail = rest[1:close], rest[close + 1:]
+    elif rest[:1] == '"':
+        out: list[str] = []
+        i = 1
+        while i < len(rest) and rest[i] != '"':
+            if rest[i] == "\\" and i + 1 < len(rest):
+                nxt = rest[i + 1]
+                out.append(_DOUBLE_ESCAPES.get(nxt, "\\" + nxt))
+                i += 2
+                continue
+            out.append(rest[i])
+            i += 1
+        if i >= len(rest):
+            raise _LineError("double quote not closed on this line")
+        value, tail = "".join(out), rest[i + 1:]
+    else:
+        return re.split(r"[ \t]#", rest, maxsplit=1)[0].strip(" \t")
+    tail = tail.strip(" \t")
+    if tail and not tail.startswith("#"):
+        raise _LineError("text after the closing quote (only a # comment may follow)")
+    return value
+
+
+def _parse_line(line: str) -> tuple[str, str] | None:
+    """(key, value) for a setting line, None for a blank or comment line."""
+    stripped = line.strip(" \t")
+    if not stripped or stripped.startswith("#"):
+        return None
+    export = _EXPORT.match(stripped)
+    if export:
+        stripped = stripped[export.end():]
+    name = _NAME.match(stripped)
+    if name is None:
+        raise _LineError("not a KEY=VALUE line")
+    rest = stripped[name.end():].lstrip(" \t")
+    if not rest.startswith("="):
+        raise _LineError("not a KEY=VALUE line")
+    return name.group(0), _parse_value(rest[1:])
+
+
+def parse_env_text(text: str, where: str) -> tuple[dict[str, RawValue], list[Problem]]:
+    """Env-file text -> values and problems. Lines end at \\n only (a CR before it is
+    dropped): U+2028 and friends inside a comment must not start a new setting line."""
     values: dict[str, RawValue] = {}
     problems: list[Problem] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
+        source = f"file:{where}:{lineno}"
+        try:
+            parsed = _parse_line(line)
+        except _LineError as exc:
+            problems.append(Problem(variable=f"{where}:{lineno}",
+                                    value=_masked_line(line.strip()), rule=str(exc),
+                                    allowed="SM70_NAME=value, KEY='value' # comment, "
+                                            "export KEY=value, # comments, blank lines",
+                                    source=source))
             continue
-        where = f"file:{path}:{lineno}"
-        match = _LINE.match(stripped)
-        if not match:
-            problems.append(Problem(variable=f"{path}:{lineno}", value=_masked_line(stripped),
-                                    rule="not a KEY=VALUE line",
-                                    allowed="SM70_NAME=value, # comments, blank lines",
-                                    source=where))
+        if parsed is None:
             continue
-        key, value = match.groups()
-        values[key] = RawValue(_unquote(value), where)
+        key, value = parsed
+        old = values.get(key)
+        if old is not None and old.text != value:
+            problems.append(Problem(variable=key, value=shown_value(key, value),
+                                    rule=f"set twice with different values (first at "
+                                         f"{old.source.removeprefix('file:')})",
+                                    allowed="one line per variable", source=source))
+        values[key] = RawValue(value, source)
     return values, problems
+
+
+def parse_env_file(path: Path) -> tuple[dict[str, RawValue], list[Problem]]:
+    """An env file by the dotenv conventions (BOM, CRLF, `export`, quotes with a trailing
+    comment) -> values and syntax problems; an unreadable file is one Sm70Error."""
+    try:
+        text = read_text(path, what="env file", max_bytes=MAX_ENV_FILE_BYTES)
+    except Sm70Error as exc:
+        raise Sm70Error(exc.message, hint="pass an existing UTF-8 .env file to --env-file") \
+            from None
+    return parse_env_text(text, str(path))
+
+
+def shown_value(name: str, value: str) -> str:
+    """A value as a problem shows it: masked when the name looks secret, cut when long."""
+    value = mask_value(name, value)
+    if len(value) > _SHOWN:
+        return f"{value[:_SHOWN]}... ({len(value.encode('utf-8', 'replace')):,} bytes)"
+    return value
 
 
 def _masked_line(line: str) -> str:
     """A malformed line as shown in a problem: only a leading SM70_ name, since the rest
     (or a bare pasted word) may be a secret typed without `=` (`SM70_API_KEY: sk-...`)."""
-    name = re.match(rf"(?i){PREFIX}[A-Za-z0-9_]*", line)
+    name = re.match(rf"(?i)(?:export\s+)?{PREFIX}[A-Za-z0-9_]*", line)
     if name is None:
         return MASK
     return name.group(0) + (f" {MASK}" if len(line) > name.end() else "")
-
-
-def _unquote(value: str) -> str:
-    value = value.strip()
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        inner = value[1:-1]
-        if value[0] == '"':
-            inner = inner.replace('\\"', '"').replace("\\\\", "\\")
-        return inner
-    # Unquoted: a ' #' starts a comment.
-    return re.split(r"\s+#", value, maxsplit=1)[0].strip()
 
 
 def suggest(name: str, schema: Schema) -> str | None:
@@ -103,8 +181,8 @@ def _unknown(name: str, raw: RawValue, schema: Schema) -> Problem:
     else:
         rule = "not an SM70_ setting (env files for sm70ctl hold only SM70_* variables)"
     allowed = f"did you mean {guess}?" if guess else "see `sm70ctl env list`"
-    value = MASK if ("TOKEN" in name.upper() or "KEY" in name.upper()) else raw.text
-    return Problem(variable=name, value=value, rule=rule, allowed=allowed, source=raw.source)
+    return Problem(variable=name, value=shown_value(name, raw.text), rule=rule,
+                   allowed=allowed, source=raw.source)
 
 
 def collect(
@@ -123,11 +201,21 @@ def collect(
             merged[key] = RawValue(str(text), ENVIRONMENT)
     known: dict[str, RawValue] = {}
     for key, raw in merged.items():
-        if key in schema.by_name:
+        if key not in schema.by_name:
+            if key not in RESERVED_NAMES:
+                problems.append(_unknown(key, raw, schema))
+        elif len(raw.text.encode("utf-8", "surrogateescape")) > MAX_VALUE_BYTES:
+            problems.append(_too_long(key, raw))
+        else:
             known[key] = raw
-        elif key not in RESERVED_NAMES:
-            problems.append(_unknown(key, raw, schema))
     return known, problems
+
+
+def _too_long(name: str, raw: RawValue) -> Problem:
+    size = len(raw.text.encode("utf-8", "surrogateescape"))
+    return Problem(variable=name, value=shown_value(name, raw.text),
+                   rule=f"value is {size:,} bytes long",
+                   allowed=f"at most {MAX_VALUE_BYTES:,} bytes", source=raw.source)
 
 
 def _rule_source(problem: Problem, sources: dict[str, str]) -> str:
@@ -150,7 +238,8 @@ def _value_problems(
         name = spec.name if spec else attr
         given = raw.get(name)
         ctx = err.get("ctx") or {}
-        value = MASK if (spec and spec.secret) else (given.text if given else str(err["input"]))
+        text = given.text if given else str(err["input"])
+        value = MASK if (spec and spec.secret and text) else shown_value(name, text)
         problems.append(Problem(
             variable=name,
             value=value,

@@ -16,11 +16,14 @@ from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr, SecretStr,
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from sm70ctl.readers import NAME_MAX, PATH_MAX, path_problem
+from sm70ctl.secrets import MASK
 from sm70ctl.settings import values as V
-from sm70ctl.settings.problems import MASK
 from sm70ctl.settings.schema import VarSpec, load_schema
 
 __all__ = ["Settings", "convert", "display", "python_type"]
+
+PATH_LIMITS = f"components of at most {NAME_MAX} bytes, at most {PATH_MAX} bytes in all"
 
 
 def _scalar(spec: VarSpec, kind: str, text: str) -> Any:
@@ -35,13 +38,17 @@ def _scalar(spec: VarSpec, kind: str, text: str) -> Any:
     if kind == "duration":
         return V.parse_duration(text)
     if kind == "path":
-        if "\x00" in text:
-            raise V.BadValue("a path cannot contain a NUL byte", "a path such as /srv/models")
+        limits = f"a path such as /srv/models ({PATH_LIMITS})"
+        if (problem := path_problem(text.strip())) is not None:
+            raise V.BadValue(problem, limits)
         try:
-            return Path(text.strip()).expanduser()
+            path = Path(text.strip()).expanduser()
         except RuntimeError:  # ~user for a user that does not exist
             raise V.BadValue("cannot expand the ~ in this path", "an absolute path, or "
                              "~/... for the current user") from None
+        if (problem := path_problem(path)) is not None:  # ~ may expand past the limit
+            raise V.BadValue(problem, limits)
+        return path
     return text.strip()  # enum, string
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from sm70ctl.errors import Sm70Error
+from sm70ctl.secrets import MASK
 
-MASK = "***"
+__all__ = ["MASK", "Problem", "SettingsError"]
 
 
 @dataclass(frozen=True)
