@@ -22,8 +22,9 @@ ConfigOpt = Annotated[
 ]
 GpusOpt = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option("--gpus", help="GPUs to plan for instead of NVML's: NxSIZE or a list, e.g. "
-                 "2x32GiB, 2x16GiB, 32GiB,16GiB, 2xv100 (34,089,730,048 B, NVML's V100 total).",
+    typer.Option("--gpus", help="GPUs to plan for instead of NVML's: NxSIZE or a list, each "
+                 "size with its unit, e.g. 2x32GiB, 2x16GiB, 32GiB,16GiB, 34089730048B, 2xv100 "
+                 "(34,089,730,048 B, NVML's V100 total).",
                  metavar="SPEC"),
 ]
 MaxLenOpt = Annotated[
@@ -128,19 +129,32 @@ def register(app: typer.Typer) -> None:
         if svg is not None:
             out.info(f"wrote {svg}")
         if result.overflow is not None:
-            raise Sm70Error(result.overflow.message, hint=_overflow_hint(steps))
+            raise Sm70Error(result.overflow.message,
+                        hint=_overflow_hint(steps, _min_model_len()))
 
 
-def _overflow_hint(steps: list[dict[str, Any]]) -> str:
+def _min_model_len() -> int:
+    """SM70_MAX_MODEL_LEN's lower bound: a row promising fewer tokens cannot be applied."""
+    from sm70ctl.settings.schema import load_schema
+
+    spec = load_schema().get("SM70_MAX_MODEL_LEN")
+    return int(spec.min) if spec is not None and spec.min is not None else 1
+
+
+def _overflow_hint(steps: list[dict[str, Any]], min_len: int = 1) -> str:
     """The fix line of a plan that does not fit: the first relaxation that holds
-    SM70_MAX_MODEL_LEN, else the one with the longest sequence, else: nothing fits."""
+    SM70_MAX_MODEL_LEN, else the one with the longest sequence, else: nothing fits (also
+    when the longest is below what SM70_MAX_MODEL_LEN may be set to)."""
     best = max(steps, key=lambda st: st["longest_sequence"])
     first = next((st for st in steps if st["holds_max_model_len"]), None)
     pick = first or best
-    if pick["longest_sequence"] <= 0:
+    if pick["longest_sequence"] < max(min_len, 1):
         env = " ".join(f"{k}={v}" for k, v in steps[-1]["settings"].items())
+        room = ("no room for one sequence's KV and state" if pick["longest_sequence"] <= 0
+                else f"room for {pick['longest_sequence']:,} tokens, below SM70_MAX_MODEL_LEN's "
+                     f"minimum of {min_len:,}")
         return (f"nothing fits on these GPUs: even with {env} the weights and workspaces "
-                "leave no room for one sequence's KV and state; use larger GPUs (--gpus) "
+                f"leave {room}; use larger GPUs (--gpus) "
                 "or more of them (SM70_TENSOR_PARALLEL_SIZE / SM70_PIPELINE_PARALLEL_SIZE)")
     env = " ".join(f"{k}={v}" for k, v in pick["settings"].items())
     then = ("SM70_MAX_MODEL_LEN fits" if first is not None
@@ -207,11 +221,16 @@ def _render(console: Any, data: dict[str, Any]) -> None:
                      f"{page['conv'] // 1024:,} KiB conv; state slots "
                      f"{gpus[0]['pool']['slots']} ({inp['max_num_seqs']} seqs x "
                      f"{inp['state_block_multiplier']})")
-    lines.append(f"longest single sequence: {data['longest_sequence_tokens']:,} tokens "
-                 f"(max model length {data['max_model_len']:,})")
-    lines.append(f"at {conc['context']:,} tokens: {conc['sequences']} sequence(s) at once "
-                 f"(KV allows {conc['by_kv']}, state slots {conc['by_state']}, "
-                 f"max_num_seqs {conc['by_max_num_seqs']})")
+    if data["within_budget"]:
+        lines.append(f"longest single sequence: {data['longest_sequence_tokens']:,} tokens "
+                     f"(max model length {data['max_model_len']:,})")
+        lines.append(f"at {conc['context']:,} tokens: {conc['sequences']} sequence(s) at once "
+                     f"(KV allows {conc['by_kv']}, state slots {conc['by_state']}, "
+                     f"max_num_seqs {conc['by_max_num_seqs']})")
+    else:
+        # a pool past the budget cannot be allocated: it holds no sequence at all
+        lines.append("longest single sequence: none: the items pass the budget (below), so "
+                     "no pool can be allocated")
     for line in lines:
         console.print(line, markup=False, highlight=False)
     for w in data["warnings"]:

@@ -20,8 +20,10 @@ from sm70ctl.plan.plan import Gpu
 V100_32GB_TOTAL = 34_089_730_048
 REFERENCE_NAME = "Tesla V100-SXM2-32GB (reference)"
 
+# No entry for "": a bare number is refused (`--gpus 2x16` once meant 16 bytes per GPU);
+# a byte count says so with B.
 _UNITS = {
-    "": 1, "b": 1,
+    "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
@@ -43,11 +45,13 @@ def parse_size(text: str) -> int:
     if text.strip().lower() in ("v100", "v100-32gb", "v100-sxm2-32gb"):
         return V100_32GB_TOTAL
     m = _SIZE.match(text)
-    if not m or m.group(2).lower() not in _UNITS:
+    hint = "write sizes like 32GiB, 16GB, 34089730048B, or v100 (NVML's V100-32GB total)"
+    if m and not m.group(2):
         raise UsageError(
-            f"--gpus: {text!r} is not a memory size",
-            hint="write sizes like 32GiB, 16GB, 34089730048, or v100 (NVML's V100-32GB total)",
-        )
+            f"--gpus: {text!r} has no unit: a size needs one (B, KiB, MiB, GiB, TiB, KB, MB, "
+            "GB, TB)", hint=f"{hint}; e.g. {m.group(1)}GiB")
+    if not m or m.group(2).lower() not in _UNITS:
+        raise UsageError(f"--gpus: {text!r} is not a memory size", hint=hint)
     number = float(m.group(1)) * _UNITS[m.group(2).lower()]
     # a digit string too long for a float becomes inf; no GPU has more than 1 PiB
     if not math.isfinite(number) or number > _MAX_BYTES:

@@ -11,7 +11,7 @@ names the first item that overflows and by how many bytes, and says what does fi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -133,12 +133,19 @@ class PlanItem:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+# What an overflow is about: the items pass the budget ("budget"), the GDN state pool
+# does not fit in the pool ("state"), or the KV left does not hold SM70_MAX_MODEL_LEN
+# ("kv"). Only the last leaves a real pool whose figures can be reported.
+BUDGET, STATE, KV = "budget", "state", "kv"
+
+
 @dataclass
 class Overflow:
     gpu: int
     item: str
     by_bytes: int
     message: str
+    kind: str = BUDGET
 
 
 @dataclass
@@ -152,7 +159,7 @@ class GpuPlan:
     fixed_bytes: int
     pool_available: int  # what the budget leaves for the pool after the fixed items
     overflow: Overflow | None
-    fits_instead: dict[str, int]
+    kv_needed_bytes: int  # pool bytes of KV one SM70_MAX_MODEL_LEN sequence takes
 
     @property
     def weights_bytes(self) -> int:
@@ -186,16 +193,25 @@ class Plan:
         return self.overflow is None
 
     @property
+    def within_budget(self) -> bool:
+        """Every GPU's items, the pool included, stay inside its budget: the pool exists,
+        so what it holds is a real figure even when SM70_MAX_MODEL_LEN does not fit."""
+        return not any(g.overflow and g.overflow.kind == BUDGET for g in self.gpus)
+
+    @property
     def longest_sequence(self) -> int:
+        """Tokens of the longest single sequence; 0 when the plan passes the budget (a pool
+        that cannot be allocated holds nothing)."""
+        if not self.within_budget:
+            return 0
         return min(g.layout.kv_tokens for g in self.gpus)
 
     def concurrency(self, context: int) -> dict[str, int]:
         per = [g.layout.concurrency(context, self.inputs.max_num_seqs) for g in self.gpus]
-        return min(per, key=lambda c: c["sequences"])
-
-    def fits_instead(self) -> dict[str, int]:
-        keys = self.gpus[0].fits_instead.keys()
-        return {k: min(g.fits_instead[k] for g in self.gpus) for k in keys}
+        worst = min(per, key=lambda c: c["sequences"])
+        if not self.within_budget:
+            return {**worst, "by_kv": 0, "by_state": 0, "sequences": 0}
+        return worst
 
 
 def _stage_kinds(m: ModelShape, layers: range) -> set[str]:
@@ -313,10 +329,9 @@ def _gpu_plan(gpu: Gpu, stage: int, tp_rank: int, budget: int, stage_items: list
                            "block_size": layout.block_size,
                            "bytes_per_token": layout.kv_bytes_per_token}))
     overflow = _overflow(gpu, items, budget, layout, inputs)
-    fits_instead = _fits_instead(min(pool, max(available, 0)), inputs, attn, gdn,
-                                 kv_layer_tok, page)
+    kv_needed = layout.blocks_for(inputs.max_model_len) * layout.block_bytes
     return GpuPlan(gpu, stage, tp_rank, budget, items, layout, fixed, available, overflow,
-                   fits_instead)
+                   kv_needed)
 
 
 def _overflow(gpu: Gpu, items: list[PlanItem], budget: int, layout: PoolLayout,
@@ -334,7 +349,7 @@ def _overflow(gpu: Gpu, items: list[PlanItem], budget: int, layout: PoolLayout,
         return Overflow(gpu.index, "GDN state pool", by,
                         f"GPU {gpu.index}: GDN state pool ({layout.slots} slots) needs "
                         f"{layout.state_pool_bytes:,} B, the pool has {layout.pool_bytes:,} B: "
-                        f"short by {by:,} B")
+                        f"short by {by:,} B", STATE)
     need_blocks = layout.blocks_for(inputs.max_model_len)
     if layout.kv_blocks < need_blocks:
         need = need_blocks * layout.block_bytes
@@ -343,23 +358,8 @@ def _overflow(gpu: Gpu, items: list[PlanItem], budget: int, layout: PoolLayout,
                         f"GPU {gpu.index}: KV cache pool holds {layout.kv_tokens:,} tokens, "
                         f"SM70_MAX_MODEL_LEN={inputs.max_model_len:,} needs "
                         f"{need:,} B of KV, {layout.kv_region:,} B left after the state pool: "
-                        f"short by {by:,} B")
+                        f"short by {by:,} B", KV)
     return None
-
-
-def _fits_instead(pool: int, inputs: PlanInputs, attn: int, gdn: int, kv_layer_tok: int,
-                  page: int) -> dict[str, int]:
-    """What this GPU holds with the pool it can really have: the longest single sequence
-    (one sequence's state slots reserved) and how many max-length sequences fit."""
-    one = _layout(pool, inputs, attn, gdn, kv_layer_tok, page, 1)
-    longest = one.kv_tokens if one.kv_blocks > 0 else 0
-    seqs = 0
-    for n in range(1, inputs.max_num_seqs + 1):
-        lay = _layout(pool, inputs, attn, gdn, kv_layer_tok, page, n)
-        if lay.kv_blocks < n * lay.blocks_for(inputs.max_model_len):
-            break
-        seqs = n
-    return {"pool_bytes": pool, "longest_sequence": longest, "max_len_sequences": seqs}
 
 
 # Relaxations tried, in order, when a plan does not fit: each keeps the ones before it.
@@ -380,22 +380,23 @@ _ENV = {"kv_cache_bytes": "SM70_KV_CACHE_BYTES", "max_logprobs": "SM70_MAX_LOGPR
 def what_fits(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu]) -> list[dict[str, Any]]:
     """The longest single sequence after each relaxation in turn, until one holds
     SM70_MAX_MODEL_LEN; each step names the settings it changes (SM70_KV_CACHE_BYTES=0
-    means: let the pool take what the budget leaves)."""
+    means: let the pool take what the budget leaves).
+
+    Each row's figures are those of the plan with exactly the row's settings applied (the
+    state slots of every SM70_MAX_NUM_SEQS sequence reserved), so setting them and
+    SM70_MAX_MODEL_LEN to the row's longest sequence gives a plan that fits."""
     steps: list[dict[str, Any]] = []
     changes: dict[str, Any] = {}
     for label, change in RELAXATIONS:
         changes.update(change)
-        trial = PlanInputs(**{**inputs.__dict__, **changes, "max_model_len": 1})
-        plan = compute_plan(model, trial, gpus)
-        fit = plan.fits_instead()
+        trial = compute_plan(model, replace(inputs, **changes), gpus)
         steps.append({
             "step": label,
             "settings": {_ENV[k]: v for k, v in changes.items()},
-            "pool_bytes": fit["pool_bytes"],
-            "longest_sequence": fit["longest_sequence"],
-            "holds_max_model_len": fit["longest_sequence"] >= inputs.max_model_len,
+            "pool_bytes": min(g.layout.pool_bytes for g in trial.gpus),
+            "longest_sequence": trial.longest_sequence,
+            "holds_max_model_len": trial.fits,
         })
-        longest = fit["longest_sequence"]
-        if longest >= inputs.max_model_len:
+        if trial.fits:
             break
     return steps

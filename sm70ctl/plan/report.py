@@ -77,7 +77,7 @@ def plan_to_dict(plan: Plan, meta: dict[str, Any]) -> dict[str, Any]:
                       for i in g.items],
             "pool": g.layout.to_dict(),
             "overflow": asdict(g.overflow) if g.overflow else None,
-            "fits_instead": g.fits_instead,
+            "kv_needed_bytes": g.kv_needed_bytes,
         })
     m = plan.model
     return {
@@ -107,7 +107,7 @@ def plan_to_dict(plan: Plan, meta: dict[str, Any]) -> dict[str, Any]:
         "longest_sequence_tokens": plan.longest_sequence,
         "concurrency": conc,
         "overflow": asdict(ov) if ov else None,
-        "fits_instead": plan.fits_instead(),
+        "within_budget": plan.within_budget,
         "gpus": gpus,
         "warnings": plan.warnings,
         "projected": "computed by sm70ctl plan from shapes and settings; not measured",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape
 
-from sm70ctl.plan.plan import GiB, Plan
+from sm70ctl.plan.plan import BUDGET, KV, STATE, GiB, Plan
 from sm70ctl.plan.report import GROUPS, SHORT, gib, group_of
 
 W, LEFT, RIGHT = 1100, 150, 40
@@ -14,22 +14,62 @@ FREE = "#e9ecef"
 FONT = "font-family='DejaVu Sans, Helvetica, Arial, sans-serif'"
 
 
+def _drawn(plan: Plan, gi: int) -> list[tuple[str, int]]:
+    """(key, bytes) of what a GPU's bar shows. When only the KV pool is short of
+    SM70_MAX_MODEL_LEN, the KV segment is what that length needs, not the configured pool:
+    the bar then shows the memory the setting asks for, and free space only if the budget
+    really has it after that."""
+    g = plan.gpus[gi]
+    short = g.overflow is not None and g.overflow.kind == KV
+    return [(it.key, g.kv_needed_bytes if short and it.key == "pool.kv" else it.bytes)
+            for it in g.items]
+
+
+def _used(plan: Plan, gi: int) -> int:
+    return sum(b for _, b in _drawn(plan, gi))
+
+
 def _segments(plan: Plan, gi: int) -> list[tuple[str, str, str, int]]:
     g = plan.gpus[gi]
     sums: dict[str, int] = {}
-    for it in g.items:
-        k = group_of(it.key)
-        sums[k] = sums.get(k, 0) + it.bytes
-    segs = [(k, label, colour, sums[k]) for k, label, colour in GROUPS if sums.get(k)]
-    if g.free_bytes > 0:
-        segs.append(("free", "free inside the budget", FREE, g.free_bytes))
+    for key, b in _drawn(plan, gi):
+        k = group_of(key)
+        sums[k] = sums.get(k, 0) + b
+    labels = {"pool.kv": f"KV that SM70_MAX_MODEL_LEN={plan.inputs.max_model_len:,} needs"}
+    short = g.overflow is not None and g.overflow.kind == KV
+    segs = [(k, labels[k] if short and k in labels else label, colour, sums[k])
+            for k, label, colour in GROUPS if sums.get(k)]
+    free = g.budget - _used(plan, gi)
+    if free > 0:
+        segs.append(("free", "free inside the budget", FREE, free))
     return segs
+
+
+def _verdict(plan: Plan) -> str:
+    ov = plan.overflow
+    if ov is None:
+        conc = plan.concurrency(plan.context)
+        return (f"fits: max model length {plan.inputs.max_model_len:,}; the KV pool holds "
+                f"{plan.longest_sequence:,} tokens; {conc['sequences']} sequence(s) of "
+                f"{plan.context:,} at once")
+    over = max(_used(plan, gi) - g.budget for gi, g in enumerate(plan.gpus))
+    if ov.kind == BUDGET:
+        return (f"does NOT fit: the budget first overflows at {ov.item} (by "
+                f"{gib(ov.by_bytes)} GiB); everything planned is {gib(max(over, 0))} GiB over")
+    if ov.kind == STATE:
+        return (f"does NOT fit: the GDN state pool is {gib(ov.by_bytes)} GiB larger than the "
+                "pool")
+    tail = (f"with that KV the GPUs are {gib(over)} GiB over the budget" if over > 0 else
+            f"the budget has room: raise SM70_KV_CACHE_BYTES by {gib(ov.by_bytes)} GiB")
+    return (f"does NOT fit: SM70_MAX_MODEL_LEN={plan.inputs.max_model_len:,} needs "
+            f"{gib(ov.by_bytes)} GiB more KV than the pool has; {tail}")
 
 
 def render_svg(plan: Plan, title: str) -> str:
     n = len(plan.gpus)
-    scale_bytes = max(max(g.gpu.total_bytes, g.used_bytes) for g in plan.gpus)
-    over = max(g.used_bytes - g.budget for g in plan.gpus)
+    used = [_used(plan, gi) for gi in range(n)]
+    scale_bytes = max(max(g.gpu.total_bytes, u) for g, u in zip(plan.gpus, used, strict=True))
+    over = max(u - g.budget for g, u in zip(plan.gpus, used, strict=True))
     px = (W - LEFT - RIGHT - (130 if over > 0 else 0)) / scale_bytes
     legend_rows = (len(GROUPS) + 2 + 2) // 3
     height = TOP + n * (BAR_H + GAP) + 40 + legend_rows * 24 + 30
@@ -42,13 +82,7 @@ def render_svg(plan: Plan, title: str) -> str:
         f"<rect width='{W}' height='{height}' fill='white'/>",
         f"<text x='20' y='32' font-size='20' font-weight='bold'>{escape(title)}</text>",
     ]
-    conc = plan.concurrency(plan.context)
-    verdict = (f"fits: max model length {plan.inputs.max_model_len:,}; the KV pool holds "
-               f"{plan.longest_sequence:,} tokens; {conc['sequences']} sequence(s) of "
-               f"{plan.context:,} at once" if plan.fits else
-               f"does NOT fit: the budget first overflows at {plan.overflow.item} "
-               f"(by {gib(plan.overflow.by_bytes)} GiB); everything planned is "
-               f"{gib(max(over, 0))} GiB over" if plan.overflow else "")
+    verdict = _verdict(plan)
     out.append(f"<text x='20' y='56' font-size='14' fill='{'#2b9348' if plan.fits else '#c1121f'}'>"
                f"{escape(verdict)}</text>")
     # GiB grid
@@ -88,9 +122,9 @@ def render_svg(plan: Plan, title: str) -> str:
             x += w
         out.append(f"<rect x='{LEFT}' y='{y}' width='{total_x - LEFT:.2f}' height='{BAR_H}' "
                    "fill='none' stroke='#212529' stroke-width='1.5'/>")
-        if g.used_bytes > g.budget:
+        if used[gi] > g.budget:
             out.append(f"<text x='{x + 4:.1f}' y='{y + BAR_H / 2 + 5}' font-size='12' "
-                       f"fill='#c1121f'>over by {gib(g.used_bytes - g.budget)} GiB</text>")
+                       f"fill='#c1121f'>over by {gib(used[gi] - g.budget)} GiB</text>")
         out.append(f"<line x1='{budget_x:.1f}' y1='{y - 6}' x2='{budget_x:.1f}' "
                    f"y2='{y + BAR_H + 6}' stroke='#c1121f' stroke-width='2' "
                    "stroke-dasharray='4 3'/>")

@@ -1,0 +1,135 @@
+"""`sm70ctl plan` does not contradict itself: every figure it prints is what the plan with
+those settings gives (the what-fits rows applied one by one), a plan past the budget claims
+no capacity, and the picture agrees with the verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm70ctl.plan.plan import what_fits
+from sm70ctl.plan.run import plan_for_settings
+from sm70ctl.settings import load_settings
+
+SVG_NS = "{http://www.w3.org/2000/svg}"
+# (--gpus, SM70_MAX_MODEL_LEN): the issue's two refused plans, one past the budget and one
+# whose KV pool is short of the max model length
+REFUSED = [("2x16GiB", 262_144), ("2xv100", 1_048_576)]
+
+
+def _settings(tmp_path: Path, **env: Any):
+    environ = {"SM70_MODEL_DIR": str(tmp_path / "no-model"),
+               **{k: str(v) for k, v in env.items()}}
+    return load_settings(environ=environ)
+
+
+def _plan(tmp_path: Path, gpus: str, **env: Any):
+    return plan_for_settings(_settings(tmp_path, **env), gpus=gpus)
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SM70_")}
+    env.update(SM70_MODEL_DIR=str(tmp_path / "no-model"), COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "sm70ctl", "plan", *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("gpus", "max_len"), REFUSED)
+def test_every_what_fits_row_holds_when_applied(tmp_path: Path, gpus: str, max_len: int) -> None:
+    run = _plan(tmp_path, gpus, SM70_MAX_MODEL_LEN=max_len)
+    assert not run.plan.fits
+    needed = run.inputs.tensor_parallel_size * run.inputs.pipeline_parallel_size
+    rows = what_fits(run.model, run.inputs, run.gpus.gpus[:needed])
+    assert len(rows) >= 2
+    applied_some = False
+    for row in rows:
+        promised = row["longest_sequence"]
+        # the row's settings, as a user sets them, with the max model length it promises
+        at = _plan(tmp_path, gpus, **row["settings"], SM70_MAX_MODEL_LEN=max(promised, 1024))
+        if promised < 1024:
+            assert not at.plan.fits, row
+            continue
+        applied_some = True
+        assert at.plan.fits, (row, at.plan.overflow)
+        assert at.plan.longest_sequence == promised, row
+        assert min(g.layout.pool_bytes for g in at.plan.gpus) == row["pool_bytes"], row
+        # the promise is the longest: one block more does not fit
+        block = at.plan.gpus[0].layout.block_size
+        if promised + block <= 1_048_576:
+            longer = _plan(tmp_path, gpus, **row["settings"],
+                           SM70_MAX_MODEL_LEN=promised + block)
+            assert not longer.plan.fits, row
+        held = _plan(tmp_path, gpus, **row["settings"], SM70_MAX_MODEL_LEN=max_len)
+        assert held.plan.fits is row["holds_max_model_len"], row
+    assert applied_some
+
+
+def test_first_row_of_the_long_context_plan_is_what_its_setting_gives(tmp_path: Path) -> None:
+    # row 1 once promised 809,088 tokens (one sequence's state slots); applying its one
+    # setting, SM70_KV_CACHE_BYTES=0, reserves all 16 x 8 slots and gives 532,864
+    run = _plan(tmp_path, "2xv100", SM70_MAX_MODEL_LEN=1_048_576)
+    first = what_fits(run.model, run.inputs, run.gpus.gpus[:2])[0]
+    assert first["settings"] == {"SM70_KV_CACHE_BYTES": 0}
+    assert first["longest_sequence"] == 532_864
+
+
+def test_a_plan_past_the_budget_claims_no_capacity(tmp_path: Path) -> None:
+    r = _cli(tmp_path, "--gpus", "2x16GiB")
+    assert r.returncode == 1
+    verdict = r.stdout.index("does not fit")
+    above = r.stdout[:verdict]
+    # once "longest single sequence: 306,624 tokens" and "1 sequence(s) at once" here
+    assert "306,624" not in above and "sequence(s) at once" not in above
+    assert "longest single sequence: none" in above
+    d = json.loads(_cli(tmp_path, "--gpus", "2x16GiB", "--json").stdout)
+    assert d["within_budget"] is False
+    assert d["longest_sequence_tokens"] == 0 and d["concurrency"]["sequences"] == 0
+    # a plan short only of KV keeps its real figures: the pool exists
+    d = json.loads(_cli(tmp_path, "--max-model-len", "1048576", "--json").stdout)
+    assert d["within_budget"] is True and d["longest_sequence_tokens"] == 306_624
+
+
+def _svg_titles(path: Path) -> list[str]:
+    root = ET.parse(path).getroot()
+    return [t.text or "" for t in root.iter(f"{SVG_NS}title")]
+
+
+def _svg_text(path: Path) -> str:
+    root = ET.parse(path).getroot()
+    return " ".join(t.text or "" for t in root.iter(f"{SVG_NS}text"))
+
+
+def test_svg_draws_no_free_memory_while_the_budget_overflows(tmp_path: Path) -> None:
+    ok = tmp_path / "ok.svg"
+    assert _cli(tmp_path, "--svg", str(ok)).returncode == 0
+    assert any(t.startswith("free inside the budget") for t in _svg_titles(ok))
+    for args in (["--max-model-len", "1048576"], ["--gpus", "2x16GiB"]):
+        svg = tmp_path / "bad.svg"
+        r = _cli(tmp_path, *args, "--svg", str(svg))
+        assert r.returncode == 1, r.stderr
+        assert not any(t.startswith("free inside the budget") for t in _svg_titles(svg)), args
+        text = _svg_text(svg)
+        assert "does NOT fit" in text and "over by" in text
+    # the KV the max model length needs is what the bar shows: 1,048,576 tokens x 17,680 B
+    titles = _svg_titles(tmp_path / "bad.svg")
+    assert not any("SM70_MAX_MODEL_LEN" in t for t in titles)  # the budget case: no KV swap
+    r = _cli(tmp_path, "--max-model-len", "1048576", "--svg", str(svg))
+    kv = [t for t in _svg_titles(svg) if t.startswith("KV that SM70_MAX_MODEL_LEN=1,048,576")]
+    assert kv and f"{1_048_576 * 17_680:,} B" in kv[0]
+    assert "8.49 GiB over the budget" in _svg_text(svg)  # = short by 9,117,723,090 B at pool 0
+
+
+@pytest.mark.parametrize("spec", ["2x16", "32GiB,16", "16"])
+def test_sizes_without_a_unit_are_refused(tmp_path: Path, spec: str) -> None:
+    r = _cli(tmp_path, "--gpus", spec)
+    assert r.returncode == 2
+    err = " ".join(r.stderr.split())
+    assert "--gpus: '16' has no unit: a size needs one" in err and "16GiB" in err
+    assert "Traceback" not in r.stderr
