@@ -1,23 +1,61 @@
-"""The build compiles the same kernel list as the NVRTC check, with the settings' env."""
+"""The build compiles what the ops loader would (one list, one set of flags), with the
+settings' env."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
-from sm70ctl.build import kernels
+from sm70ctl.build import compile_kernels, kernels
 from sm70ctl.build.plan import BuildConfig, _compile_env
 from sm70ctl.build.toolchain import GIB, ToolchainProbe
-from sm70ctl.kernels import loader, nvrtc, variants
+from sm70ctl.kernels import variants
+from vllm_patch.ops import build, sources
 
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
+ROOT = Path(__file__).resolve().parent.parent
+CSRC = ROOT / "csrc"
 
 
-def test_kernel_list_matches_the_nvrtc_check_and_the_loader() -> None:
-    names = [p.name for p in kernels.kernel_sources(CSRC)]
-    assert names == sorted(p.name for p in (nvrtc.CSRC / "kernels").glob("*.cuh"))
-    assert set(variants.headers()) <= set(names)
-    assert kernels.binding_sources(CSRC) == loader.extension_sources()
+def test_kernel_list_is_the_loaders_and_covers_the_nvrtc_headers() -> None:
+    rel = {p.relative_to(CSRC).as_posix() for p in kernels.kernel_sources(CSRC)}
+    assert rel == {p.relative_to(CSRC).as_posix() for p in CSRC.rglob("*.cuh")}
+    # every header the NVRTC check compiles is one of the build's inputs
+    assert all(h in rel or f"kernels/{h}" in rel for h in variants.headers()), rel
+    assert kernels.binding_sources(CSRC) == sources.translation_units(CSRC)
+    assert kernels.include_dirs(CSRC) == sources.include_dirs(CSRC)
     assert all(p.is_file() for p in kernels.binding_sources(CSRC))
+
+
+def test_compile_script_takes_csrc_or_derives_it_from_a_source() -> None:
+    unit = CSRC / "torch_bindings" / "ops.cu"
+    assert compile_kernels.csrc_from_args(Path("/x/csrc"), [str(unit)]) == Path("/x/csrc")
+    assert compile_kernels.csrc_from_args(None, [str(unit)]) == CSRC
+    assert compile_kernels.csrc_from_args(None, []) is None
+
+
+def test_compile_script_refuses_a_folder_without_bindings(tmp_path: Path, capsys) -> None:
+    assert compile_kernels.main(["--out", str(tmp_path / "o"), "--csrc", str(tmp_path)]) == 1
+    assert "no kernel sources to build" in capsys.readouterr().err
+
+
+def test_compile_script_builds_with_the_ops_build_shipped_beside_it(tmp_path: Path) -> None:
+    """In the serving Python it imports vllm_patch.ops.build from the package next to it (not
+    an installed one), so its flags and library names are the loader's."""
+    code = (
+        "import json, runpy, sys; ck = runpy.run_path(sys.argv[1]); "
+        "m = ck['_import_ops_build'](ck['PACKAGE']); "
+        "print(json.dumps([m.__file__, list(m.EXTRA_CUDA_CFLAGS), m.library_name('k'), "
+        "sorted(n for n in sys.modules if n.startswith('sm70ctl') or n == 'torch')]))"
+    )
+    script = Path(compile_kernels.__file__)
+    out = subprocess.run([sys.executable, "-I", "-c", code, str(script)], capture_output=True,
+                         text=True, timeout=60, check=True, cwd=tmp_path).stdout
+    path, flags, name, imported = json.loads(out)
+    assert imported == []  # standalone: no sm70ctl (nor torch) needed to get this far
+    assert Path(path) == ROOT / "vllm_patch" / "ops" / "build.py"
+    assert flags == list(build.EXTRA_CUDA_CFLAGS) and name == build.library_name("k")
 
 
 def _cfg(**kw) -> BuildConfig:

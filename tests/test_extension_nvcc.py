@@ -17,10 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from sm70ctl.kernels.loader import CSRC, EXTENSION_NAME, EXTRA_CUDA_CFLAGS, extension_sources
 from sm70ctl.kernels.variants import VARIANTS
+from vllm_patch.ops.build import EXTRA_CUDA_CFLAGS, library_name
+from vllm_patch.ops.sources import csrc_dir
+from vllm_patch.ops.sources import translation_units as extension_sources
 
 ROOT = Path(__file__).resolve().parents[1]
+CSRC = csrc_dir()
+EXTENSION_NAME = library_name("nvcc_check")
 NVCC = ROOT / "build" / "ci" / "cuda-12.4" / "bin" / "nvcc"
 SERVE_PY = ROOT / ".serve-venv" / "bin" / "python"
 # ours on top of what torch.utils.cpp_extension passes for every CUDA source (asked of the

@@ -1,48 +1,70 @@
-"""Compile csrc/ into the torch extension library; run by the serving interpreter.
+"""Compile csrc/ into the ops library the loader finds as prebuilt; run by the serving Python.
 
-    SERVE_PYTHON compile_kernels.py --out DIR --source F.cu ... --include DIR ...
+    SERVE_PYTHON compile_kernels.py --out DIR --csrc CSRC
 
 Runs inside the serving environment (it needs that environment's torch, whose ABI the
-library must match); `sm70ctl build` passes the sources and include folders of
-`sm70ctl.kernels.loader` and sets TORCH_CUDA_ARCH_LIST, CUDA_HOME, CC and MAX_JOBS.
-The result is DIR/sm70_kernels.so, loaded by vllm_patch through torch.ops.load_library.
-Standalone on purpose: the serving environment need not have sm70ctl's dependencies.
+library must match); `sm70ctl build` sets TORCH_CUDA_ARCH_LIST, CUDA_HOME, CC, MAX_JOBS and
+NVCC_THREADS. The build itself is `vllm_patch.ops.build.build_library`, the function the
+loader's own JIT build calls, so the flags, translation units and the library's name
+(sm70_ops_<key>.so, keyed by OS, torch, CUDA, Python and source hash) come from one place;
+`sm70ctl build` installs DIR/*.so into vllm_patch/_lib/. Standalone on purpose: the serving
+environment need not have sm70ctl's dependencies, and the vllm_patch package beside this
+file is imported from its folder, not from whatever the serving environment has installed.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
+
+PACKAGE = Path(__file__).resolve().parents[2] / "vllm_patch"
 
 
-def main() -> int:
+def _import_ops_build(package_dir: Path) -> ModuleType:
+    """vllm_patch.ops.build from package_dir (the copy that ships with this sm70ctl)."""
+    spec = importlib.util.spec_from_file_location(
+        "vllm_patch", package_dir / "__init__.py", submodule_search_locations=[str(package_dir)]
+    )
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no vllm_patch package at {package_dir}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["vllm_patch"] = module
+    spec.loader.exec_module(module)
+    return importlib.import_module("vllm_patch.ops.build")
+
+
+def csrc_from_args(csrc: Path | None, source: list[str]) -> Path | None:
+    """--csrc, else the csrc/ above the first --source (csrc/torch_bindings/X.cu)."""
+    if csrc is not None:
+        return csrc
+    return Path(source[0]).resolve().parents[1] if source else None
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--csrc", type=Path, default=None)
+    # the older interface (translation units and include folders): only the csrc/ they lie in
+    # is used, since the ops build lists its own units
     ap.add_argument("--source", action="append", default=[])
     ap.add_argument("--include", action="append", default=[])
-    args = ap.parse_args()
-    missing = [s for s in args.source if not Path(s).is_file()]
-    if not args.source or missing:
-        print(f"error: no extension sources to build ({missing or 'none given'})",
-              file=sys.stderr)
+    args = ap.parse_args(argv)
+    csrc = csrc_from_args(args.csrc, args.source)
+    if csrc is None or not (csrc / "torch_bindings").is_dir():
+        print(f"error: no kernel sources to build (--csrc {csrc or 'not given'} has no "
+              "torch_bindings/ folder)", file=sys.stderr)
         return 1
-    from torch.utils.cpp_extension import load
-
-    # TORCH_CUDA_ARCH_LIST (from the environment) picks the -gencode flags; these are the
-    # kernels loader's own flags, so a build here matches a JIT build there.
-    flags = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
+    ops_build = _import_ops_build(PACKAGE)
     threads = os.environ.get("NVCC_THREADS")
-    if threads:
-        flags.append(f"--threads={threads}")
-    build = args.out / "obj"
-    build.mkdir(parents=True, exist_ok=True)
-    load(name="sm70_kernels", sources=args.source, extra_include_paths=args.include,
-         extra_cuda_cflags=flags, extra_cflags=["-O3"], build_directory=str(build),
-         is_python_module=False, verbose=True)
-    os.replace(build / "sm70_kernels.so", args.out / "sm70_kernels.so")
-    print(f"built {args.out / 'sm70_kernels.so'}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    lib = ops_build.build_library(args.out, csrc, verbose=True,
+                                  nvcc_threads=int(threads) if threads else None)
+    print(f"built {lib}")
     return 0
 
 

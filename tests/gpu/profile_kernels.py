@@ -14,12 +14,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from sm70ctl.kernels import reference as ref
-from sm70ctl.kernels.loader import load_extension
+from vllm_patch.ops import reference as ref
+from vllm_patch.ops.loader import load_ops
 
 
 def main() -> None:
-    load_extension()
+    load_ops()
     n, k = 7168, 5120
     qw = torch.randint(0, 256, (n, k), dtype=torch.uint8, device="cuda")
     sz = torch.rand(n, k // 128, 2, device="cuda").half()

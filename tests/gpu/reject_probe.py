@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from sm70ctl.kernels.loader import load_extension
+from vllm_patch.ops.loader import load_ops
 
 # case: (M, K, group_size, kernel)
 CASES = {
@@ -26,7 +26,7 @@ CASES = {
 
 
 def main() -> int:
-    load_extension()
+    load_ops()
     m, k, g, kernel = CASES[sys.argv[1]]
     qw = torch.zeros(8, k, dtype=torch.uint8, device="cuda")
     sz = torch.ones(8, max(1, k // g), 2, dtype=torch.float16, device="cuda")

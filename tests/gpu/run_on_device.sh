@@ -11,7 +11,7 @@ export SM70_KERNELS_BUILD_DIR=${SM70_KERNELS_BUILD_DIR:-/tmp/sm70_ext}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >"$OUT/smi.txt" 2>&1
 start=$(date +%s)
-if ! $PY -c "from sm70ctl.kernels.loader import load_extension; load_extension(verbose=True)" \
+if ! $PY -c "from vllm_patch.ops.loader import load_ops; print(load_ops(verbose=True))" \
     >"$OUT/build.log" 2>&1; then
   grep -E "error|Error" "$OUT/build.log" | head -40
   exit 1

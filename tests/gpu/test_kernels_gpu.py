@@ -25,7 +25,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-from sm70ctl.kernels import reference as ref  # noqa: E402
+from vllm_patch.ops import reference as ref  # noqa: E402
 
 TP = 2
 HIDDEN = 5120
@@ -45,9 +45,9 @@ LM_HEAD_ROWS = 248320 // TP
 
 @pytest.fixture(scope="module", autouse=True)
 def _extension():
-    from sm70ctl.kernels.loader import load_extension
+    from vllm_patch.ops.loader import load_ops
 
-    load_extension()
+    load_ops()
 
 
 def rel_err(out: torch.Tensor, want: torch.Tensor) -> float:
