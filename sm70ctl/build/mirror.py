@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,6 +63,45 @@ def _has_commit(repo: Path, commit: str, tag: str = "") -> bool:
     return res.returncode == 0
 
 
+def git_damage(repo: Path) -> str | None:
+    """Why the objects of a mirrored repository cannot be trusted, else None.
+
+    Presence of the pinned commit says nothing about the bytes behind it: a corrupted
+    loose object or pack still "exists". `git fsck --full --strict` re-hashes every
+    object and walks the history, so a flipped byte or a missing parent is found here
+    rather than as a broken checkout in the middle of an offline build. A bundle is
+    unpacked into a scratch repository first (unbundling re-hashes its pack)."""
+    env = git_env(True)
+    if repo.suffix == ".bundle":
+        with tempfile.TemporaryDirectory(prefix="sm70-bundle-") as tmp:
+            init = _run_git(["init", "--quiet", "--bare", tmp], env)
+            if init.returncode != 0:
+                return _first_line(init.stderr) or "git init failed"
+            res = _run_git(["--git-dir", tmp, "bundle", "unbundle", str(repo)], env)
+            if res.returncode != 0:
+                return "bundle unreadable: " + (_first_line(res.stderr) or "git bundle failed")
+            return _fsck(Path(tmp), env)
+    return _fsck(repo, env)
+
+
+def _fsck(repo: Path, env: dict[str, str]) -> str | None:
+    res = _run_git(["--git-dir", str(repo), "fsck", "--full", "--strict", "--no-progress",
+                    "--no-dangling"], env)
+    if res.returncode != 0:
+        return "git fsck: " + (_first_line(res.stderr or res.stdout) or "failed")
+    return None
+
+
+def _run_git(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], capture_output=True, text=True, env=env,
+                          check=False, errors="replace")
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0][:200] if lines else ""
+
+
 @dataclass(frozen=True)
 class Item:
     kind: str  # git | archive | wheel
@@ -73,7 +113,8 @@ class Item:
 
 def check_mirror(lock: Lock, mirror: Path, *, hashes: bool) -> list[Item]:
     """One row per pinned input. `hashes=False` checks presence only (fast, for the
-    offline pre-flight); `hashes=True` also checks every sha256 (`mirror verify`)."""
+    offline pre-flight); `hashes=True` also checks every sha256 and every git object
+    (`mirror verify`)."""
     items: list[Item] = []
     for g in lock.git:
         p = git_path(mirror, g)
@@ -82,6 +123,8 @@ def check_mirror(lock: Lock, mirror: Path, *, hashes: bool) -> list[Item]:
         elif not _has_commit(p, g.commit, g.tag):
             items.append(Item("git", g.name, str(p.relative_to(mirror)), "missing",
                               f"{g.ref} absent"))
+        elif hashes and (damage := git_damage(p)) is not None:
+            items.append(Item("git", g.name, str(p.relative_to(mirror)), "mismatch", damage))
         elif not g.commit:
             items.append(Item("git", g.name, str(p.relative_to(mirror)), "unverified",
                               f"tag {g.tag} only: {g.unverified}"))
@@ -168,7 +211,7 @@ def create_mirror(lock: Lock, mirror: Path, log=lambda m: None, progress=lambda 
     """Fill `mirror` from upstream (connected machine). Idempotent: present, verified items
     are kept; git repositories are refreshed with a fetch. One at a time per folder: two
     would clone into the same temporary repository."""
-    from sm70ctl.serve.lock import FileLock
+    from sm70ctl.locking import FileLock
 
     with FileLock(mirror / ".mirror.lock", "sm70ctl mirror create",
                   alternative="mirror folder"):
