@@ -31,6 +31,7 @@ print(json.dumps({
     "heavy_after_load": heavy_after_load,
     "first_calls": first["calls"], "second_calls": second["calls"],
     "custom_ops": first["custom_ops"], "attention": first["attention_backend"],
+    "quantization": first["quantization"],
     "same_config": first["config"] == second["config"],
     "mem_util_default": first["config"].to_dict() is not None,
     "file": plugin.__file__,
@@ -80,19 +81,41 @@ def test_entry_point_in_a_fresh_venv_and_register_is_idempotent(wheel: Path,
     assert data["same_config"]
     assert data["custom_ops"].startswith("absent")  # no kernels built in this venv
     assert data["attention"].startswith("absent")
+    assert data["quantization"] == "absent (vLLM not installed)"
 
 
 def test_register_reads_the_plugin_config_from_the_environment(monkeypatch) -> None:
     from vllm_patch import plugin
     from vllm_patch.config import ENV_VAR, PluginConfig
 
-    cfg = PluginConfig()
+    # Not the defaults: a plugin that ignored the variable would report PluginConfig().
+    cfg = PluginConfig.from_dict(
+        {"gemm": {"int8_gemv": False, "gemv_max_rows": 4}, "attention": {"decode_max_splits": 32}}
+    )
+    assert cfg != PluginConfig()
     monkeypatch.setenv(ENV_VAR, cfg.to_json())
     monkeypatch.setattr(plugin, "_state", {})
     report = plugin.register()
-    assert report["config"] == PluginConfig.from_json(cfg.to_json())
+    assert report["config"] == cfg
+    assert report["config"].gemm.gemv_max_rows == 4
+    assert report["config"].attention.decode_max_splits == 32
+    assert report["quantization"] == "off (gemm.int8_gemv is false)"  # the setting acted
     assert plugin.register()["calls"] == 2
     assert plugin.registered()["calls"] == 2
+
+
+def test_register_without_vllm_reports_quantization_absent(monkeypatch) -> None:
+    import importlib.util
+
+    from vllm_patch import plugin
+    from vllm_patch.config import ENV_VAR
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.setattr(plugin, "_state", {})
+    assert plugin.register()["quantization"] == "absent (vLLM not installed)"
 
 
 def test_loading_the_cli_imports_no_vllm_or_torch() -> None:

@@ -8,6 +8,9 @@ vLLM's hooks reach:
 - our custom ops: the prebuilt csrc/ library `sm70ctl build` installs in vllm_patch/_lib/,
   when it matches this runtime (`vllm_patch.ops.loader.load_prebuilt`; torch is imported
   only when a library file exists; kernels that find none build it on first use);
+- the `sm70_gptq` quantization config (vllm_patch.quantization): GPTQ-int8 checkpoints'
+  linear layers and the int8 lm_head on our GEMV/GEMM, when vLLM is importable and
+  `gemm.int8_gemv` is on (off: vLLM's own GPTQ path, which a V100 cannot run);
 - the SM70 attention backend, registered with vLLM's backend registry
   (`register_backend`) under SM70_PAGED (the name patch 0002 adds), or in the CUSTOM slot
   of an unpatched vLLM, when its module `vllm_patch.attention` is present.
@@ -44,9 +47,11 @@ def register() -> dict[str, Any]:
         report: dict[str, Any] = {"calls": 1, "config": config}
         report["custom_ops"] = _load_custom_ops()
         report["attention_backend"] = _register_attention_backend()
+        report["quantization"] = _register_quantization(config)
         _state.update(report)
-        logger.info("sm70 plugin registered: custom ops %s, attention backend %s",
-                    report["custom_ops"], report["attention_backend"])
+        logger.info("sm70 plugin registered: custom ops %s, attention backend %s, "
+                    "quantization %s", report["custom_ops"], report["attention_backend"],
+                    report["quantization"])
         return dict(_state)
 
 
@@ -73,3 +78,13 @@ def _register_attention_backend() -> str:
     slot = getattr(AttentionBackendEnum, "SM70_PAGED", None) or AttentionBackendEnum.CUSTOM
     register_backend(slot, ATTENTION_CLASS)
     return f"{slot.name} -> {ATTENTION_CLASS}"
+
+
+def _register_quantization(config: Any) -> str:
+    if not config.gemm.int8_gemv:
+        return "off (gemm.int8_gemv is false)"
+    if importlib.util.find_spec("vllm") is None:
+        return "absent (vLLM not installed)"
+    from vllm_patch.quantization import sm70_gptq
+
+    return sm70_gptq.register(config.gemm.gemv_max_rows, config.gemm.int8_lm_head)

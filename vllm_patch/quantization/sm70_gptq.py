@@ -1,0 +1,312 @@
+"""The `sm70_gptq` QuantizationConfig and linear method: GPTQ-int8 layers on our kernels.
+
+Imports vLLM and torch; only `vllm_patch.plugin.register()` imports it (lazily), and only
+`register()` below touches vLLM's registries. The per-layer decisions are `rules.GptqRules`.
+
+Loading keeps vLLM's own GPTQ parameter classes (qweight / qzeros / scales / g_idx with
+the packed and sharded dims AutoGPTQ declares), so vLLM's loaders shard them for TP=2 and
+fuse the checkpoint's q/k/v, gate/up, in_proj_qkv/z and in_proj_b/a shards. After loading,
+each layer is repacked once into the GEMV layout (qw [N, K] uint8, sz [N, K/G, 2] fp16).
+The forward is one opaque custom op (`torch.ops.vllm.sm70_int8_linear`) with a fake impl, so
+torch.compile traces through it and the row-count choice (GEMV for 1-8 rows, the int8 GEMM
+above) happens at run time, per CUDA-graph capture size.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.linear import (
+    LinearBase,
+    LinearMethodBase,
+    UnquantizedLinearMethod,
+    register_weight_loader_v2_supported_method,
+)
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import (
+    QuantizationConfig,
+    QuantizeMethodBase,
+)
+from vllm.model_executor.parameter import (
+    GroupQuantScaleParameter,
+    PackedvLLMParameter,
+    RowvLLMParameter,
+)
+
+from vllm_patch.quantization.rules import GptqRules, LayerScheme, QuantConfigError
+
+logger = logging.getLogger("vllm_patch.quantization")
+
+NAME = "sm70_gptq"
+PACK = 4  # int8 codes per int32 word
+OP = "sm70_int8_linear"
+OP_BIAS = "sm70_int8_linear_bias"
+# `--quantization` values (besides ours) under which a gptq checkpoint comes to us.
+CLAIMED_USER_VALUES = (None, "gptq", NAME, "auto_gptq", "gptq_marlin", "marlin")
+
+# Rows up to which the GEMV serves a call (the plugin config's gemm.gemv_max_rows, <= 8).
+_settings: dict[str, Any] = {"gemv_max_rows": 8, "int8_lm_head": True}
+# Eager calls per path; CUDA-graph replays do not run Python, so these count eager and
+# capture-time calls only (the A/B harness reads them in-process).
+CALLS: dict[str, int] = {"gemv": 0, "gemm": 0}
+_register_lock = threading.Lock()
+
+
+def configure(gemv_max_rows: int, int8_lm_head: bool) -> None:
+    if not 1 <= gemv_max_rows <= 8:
+        raise QuantConfigError(f"gemm.gemv_max_rows is {gemv_max_rows}; the GEMV takes 1 to 8")
+    _settings.update(gemv_max_rows=gemv_max_rows, int8_lm_head=int8_lm_head)
+
+
+# ---------------------------------------------------------------------- the custom op
+def _int8_linear(
+    x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int, max_rows: int
+) -> torch.Tensor:
+    return _run(x, qw, sz, group_size, max_rows, None)
+
+
+def _int8_linear_bias(
+    x: torch.Tensor,
+    qw: torch.Tensor,
+    sz: torch.Tensor,
+    group_size: int,
+    max_rows: int,
+    bias: torch.Tensor,
+) -> torch.Tensor:
+    return _run(x, qw, sz, group_size, max_rows, bias)
+
+
+def _run(
+    x: torch.Tensor,
+    qw: torch.Tensor,
+    sz: torch.Tensor,
+    group_size: int,
+    max_rows: int,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    from vllm_patch.ops import kernels
+
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    # The kernels read rows with 16-byte loads: unit column stride, 8-element row stride.
+    if not x2.is_contiguous() or x2.data_ptr() % 16:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    if m == 0:
+        return x.new_empty((*lead, qw.shape[0]))
+    if m <= max_rows:
+        CALLS["gemv"] += 1
+        y = kernels.gptq_gemv(x2, qw, sz, group_size, bias)
+    else:
+        CALLS["gemm"] += 1
+        y = kernels.int8_gemm(x2, qw, sz, group_size, bias)
+    return y.reshape(*lead, qw.shape[0])
+
+
+def _int8_linear_fake(
+    x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int, max_rows: int
+) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], qw.shape[0]))
+
+
+def _int8_linear_bias_fake(
+    x: torch.Tensor,
+    qw: torch.Tensor,
+    sz: torch.Tensor,
+    group_size: int,
+    max_rows: int,
+    bias: torch.Tensor,
+) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], qw.shape[0]))
+
+
+def _register_ops() -> None:
+    from vllm.utils.torch_utils import direct_register_custom_op
+
+    if not hasattr(torch.ops.vllm, OP):
+        direct_register_custom_op(OP, _int8_linear, fake_impl=_int8_linear_fake)
+    if not hasattr(torch.ops.vllm, OP_BIAS):
+        direct_register_custom_op(OP_BIAS, _int8_linear_bias, fake_impl=_int8_linear_bias_fake)
+
+
+def int8_linear(
+    x: torch.Tensor,
+    qw: torch.Tensor,
+    sz: torch.Tensor,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """y = x W^T (+ bias) with W in the GEMV layout, through the registered op."""
+    rows = int(_settings["gemv_max_rows"])
+    if bias is None:
+        return torch.ops.vllm.sm70_int8_linear(x, qw, sz, group_size, rows)
+    return torch.ops.vllm.sm70_int8_linear_bias(x, qw, sz, group_size, rows, bias)
+
+
+# ---------------------------------------------------------------------- linear method
+@register_weight_loader_v2_supported_method
+class Sm70GptqLinearMethod(LinearMethodBase):
+    """GPTQ-int8 g128 weights, loaded as vLLM's GPTQ parameters, run on our GEMV/GEMM."""
+
+    def __init__(self, config: Sm70GptqConfig, scheme: LayerScheme, prefix: str) -> None:
+        self.config = config
+        self.scheme = scheme
+        self.prefix = prefix
+
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs: Any,
+    ) -> None:
+        g = self.scheme.group_size
+        n = sum(output_partition_sizes)
+        k = input_size_per_partition
+        if params_dtype != torch.float16:
+            raise QuantConfigError(
+                f"layer {self.prefix}: dtype {params_dtype}; {NAME} serves float16 only"
+            )
+        if k % g:
+            raise QuantConfigError(
+                f"layer {self.prefix}: {k} input features on this rank is not a multiple of "
+                f"group_size={g} (the tensor-parallel split must keep whole groups)"
+            )
+        if any(p % PACK for p in output_partition_sizes):
+            raise QuantConfigError(
+                f"layer {self.prefix}: output shards {output_partition_sizes} are not multiples "
+                f"of {PACK} (GPTQ packs {PACK} zeros per int32)"
+            )
+        loader = extra_weight_attrs.get("weight_loader")
+        qweight = PackedvLLMParameter(
+            data=torch.empty(k // PACK, n, dtype=torch.int32),
+            input_dim=0,
+            output_dim=1,
+            packed_dim=0,
+            packed_factor=PACK,
+            weight_loader=loader,
+        )
+        g_idx = RowvLLMParameter(
+            data=torch.empty(k, dtype=torch.int32), input_dim=0, weight_loader=loader
+        )
+        qzeros = PackedvLLMParameter(
+            data=torch.empty(k // g, n // PACK, dtype=torch.int32),
+            input_dim=0,
+            output_dim=1,
+            packed_dim=1,
+            packed_factor=PACK,
+            weight_loader=loader,
+        )
+        scales = GroupQuantScaleParameter(
+            data=torch.empty(k // g, n, dtype=params_dtype),
+            input_dim=0,
+            output_dim=1,
+            weight_loader=loader,
+        )
+        layer.register_parameter("qweight", qweight)
+        layer.register_parameter("g_idx", g_idx)
+        layer.register_parameter("qzeros", qzeros)
+        layer.register_parameter("scales", scales)
+        layer.sm70_group_size = g
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        from vllm_patch.ops.reference import repack_gptq_int8
+
+        g = layer.sm70_group_size
+        qw, sz = repack_gptq_int8(
+            layer.qweight.data, layer.qzeros.data, layer.scales.data, g,
+            self.config.rules.zero_offset,
+        )
+        # The GPTQ tensors are dropped; `qweight` stays the name of the int8 codes (LoRA and
+        # vLLM's device probes look for it).
+        for name in ("qweight", "qzeros", "scales", "g_idx"):
+            delattr(layer, name)
+        layer.register_parameter("qweight", torch.nn.Parameter(qw, requires_grad=False))
+        layer.register_parameter("sm70_sz", torch.nn.Parameter(sz, requires_grad=False))
+
+    def apply(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return int8_linear(x, layer.qweight, layer.sm70_sz, layer.sm70_group_size, bias)
+
+
+# ---------------------------------------------------------------------- the config
+class Sm70GptqConfig(QuantizationConfig):
+    """GPTQ int8, group 128, asymmetric or symmetric, desc_act false, on sm_70 kernels."""
+
+    def __init__(self, rules: GptqRules) -> None:
+        super().__init__()
+        self.rules = rules
+
+    def __repr__(self) -> str:
+        return (f"Sm70GptqConfig(bits={self.rules.bits}, group_size={self.rules.group_size}, "
+                f"sym={self.rules.sym}, dynamic={len(self.rules.dynamic)} rules, "
+                f"modules_to_not_convert={len(self.rules.modules_to_not_convert)})")
+
+    @classmethod
+    def get_name(cls) -> str:  # vLLM types this as its QuantizationMethods literal
+        return NAME
+
+    @classmethod
+    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
+        return [torch.float16]  # V100 has no bf16
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 70
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return ["quantize_config.json"]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Sm70GptqConfig:
+        return cls(GptqRules.from_config(config))
+
+    @classmethod
+    def override_quantization_method(
+        cls, hf_quant_cfg: dict[str, Any], user_quant: str | None, hf_config: Any = None
+    ) -> str | None:
+        """Claim gptq checkpoints (plugin configs are probed before vLLM's own)."""
+        method = str(hf_quant_cfg.get("quant_method", "")).lower()
+        if method == "gptq" and user_quant in CLAIMED_USER_VALUES:
+            return NAME
+        return None
+
+    def apply_vllm_mapper(self, hf_to_vllm_mapper: Any) -> None:
+        prefixes = getattr(hf_to_vllm_mapper, "orig_to_new_prefix", None) or {}
+        self.rules = self.rules.with_mappings(
+            prefixes={k: v for k, v in prefixes.items() if isinstance(v, str)}
+        )
+
+    def get_quant_method(
+        self, layer: torch.nn.Module, prefix: str
+    ) -> QuantizeMethodBase | None:
+        if not isinstance(layer, LinearBase):
+            return None
+        rules = self.rules.with_mappings(fused=self.packed_modules_mapping)
+        scheme = rules.scheme_for(prefix)
+        if not scheme.quantized:
+            return UnquantizedLinearMethod()
+        return Sm70GptqLinearMethod(self, scheme, prefix)
+
+
+def register(gemv_max_rows: int = 8, int8_lm_head: bool = True) -> str:
+    """Register sm70_gptq, our op and the int8 lm_head with vLLM (idempotent)."""
+    configure(gemv_max_rows, int8_lm_head)
+    with _register_lock:
+        from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+        _register_ops()
+        if NAME not in QUANTIZATION_METHODS:
+            register_quantization_config(NAME)(Sm70GptqConfig)
+        from vllm_patch.quantization import lm_head
+
+        head = lm_head.register() if int8_lm_head else "fp16 (gemm.int8_lm_head off)"
+    return f"{NAME} (GEMV up to {gemv_max_rows} rows), lm_head {head}"
