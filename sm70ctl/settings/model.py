@@ -1,9 +1,12 @@
-"""The pydantic-settings model, built from the schema when this module is imported.
+"""The pydantic model of the settings, built from the schema when this module is imported.
 
 Each schema entry becomes one field whose validator parses the environment spelling
 ("9.9GiB", "30s", "1,2,4,8") and checks the entry's constraints, so the schema stays the
 only place a variable is described. Values are read only from what `load_settings` hands
-over (never straight from os.environ), so sources can be tracked and checked.
+over (never straight from os.environ), so sources can be tracked and checked. That is
+also why it is a plain pydantic model, not a pydantic-settings one: load_settings is the
+only source, and importing pydantic-settings would cost a short command a sixth of its
+start-up.
 """
 
 from __future__ import annotations
@@ -12,9 +15,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr, SecretStr, create_model
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    create_model,
+)
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from sm70ctl.readers import NAME_MAX, PATH_MAX, path_problem
 from sm70ctl.secrets import MASK
@@ -227,7 +237,7 @@ def _validator(spec: VarSpec):
     return check
 
 
-class SettingsBase(BaseSettings):
+class SettingsBase(BaseModel):
     """Shared behaviour of the generated model: immutable, sources recorded."""
 
     model_config = ConfigDict(
@@ -238,19 +248,6 @@ class SettingsBase(BaseSettings):
         arbitrary_types_allowed=True,
     )
     _sources: dict[str, str] = PrivateAttr(default_factory=dict)
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Only what load_settings passes in: it merges environment and .env file itself
-        # so that it can check unknown names and report where each value came from.
-        return (init_settings,)
 
     def source_of(self, name: str) -> str:
         """'default', 'environment' or 'file:<path>' for a variable name or attribute."""

@@ -3,11 +3,19 @@
 The packaged copy at sm70ctl/data/env_schema.yaml is what runs (it works for editable and
 wheel installs alike); the repository root keeps the canonical env_schema.yaml and a test
 fails when the two differ.
+
+Parsing the YAML (and importing PyYAML) is a large share of a short command's start-up, so
+the parsed document also ships as JSON beside it (env_schema.json), stamped with the sha256
+of the YAML text it came from. It is used only while that stamp matches; otherwise the YAML
+is parsed as before. `python -m sm70ctl.settings.schema` rewrites it (a test fails when the
+committed one is stale).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,16 +206,61 @@ def parse_schema(doc: dict[str, Any]) -> Schema:
     return Schema(version=int(doc["version"]), categories=categories, variables=variables)
 
 
-@functools.lru_cache(maxsize=4)
-def load_schema(path: Path = SCHEMA_PATH) -> Schema:
+def cache_path(path: Path) -> Path:
+    """Where the parsed copy of a schema file lives: beside it, as .json."""
+    return path.with_suffix(".json")
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _parse_yaml(text: str) -> dict[str, Any]:
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(text, Loader=loader)
+
+
+def _cached_document(path: Path, digest: str) -> dict[str, Any] | None:
+    """The parsed document from the JSON copy, if it was made from exactly this YAML."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
+        cached = json.loads(cache_path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cached, dict) or cached.get("yaml_sha256") != digest:
+        return None
+    doc = cached.get("document")
+    return doc if isinstance(doc, dict) else None
+
+
+def cache_text(path: Path = SCHEMA_PATH) -> str:
+    """The JSON copy that belongs beside `path` (what `write_cache` writes)."""
+    data = path.read_bytes()
+    doc = _parse_yaml(data.decode("utf-8"))
+    return json.dumps({"yaml_sha256": _digest(data), "document": doc}, indent=1) + "\n"
+
+
+def write_cache(path: Path = SCHEMA_PATH) -> Path:
+    target = cache_path(path)
+    target.write_text(cache_text(path), encoding="utf-8")
+    return target
+
+
+@functools.lru_cache(maxsize=4)
+def load_schema(path: Path = SCHEMA_PATH) -> Schema:
+    try:
+        data = path.read_bytes()
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
         raise Sm70Error(
-            f"cannot read the env schema {path}: {exc.strerror}",
+            f"cannot read the env schema {path}: {reason}",
             hint="reinstall sm70ctl (the schema ships inside the package)",
         ) from None
-    return parse_schema(yaml.load(text, Loader=loader))
+    doc = _cached_document(path, _digest(data))
+    return parse_schema(doc if doc is not None else _parse_yaml(text))
+
+
+if __name__ == "__main__":
+    print(f"wrote {write_cache()}")
