@@ -1,4 +1,4 @@
-"""Error of the packed-half GEMV arithmetic (gptq_gemv kernel 8, the M = 1 default), emulated
+"""Error of the packed-half GEMV arithmetic (gptq_gemv at M = 1, the streamed kernel), emulated
 on the CPU with torch's fp16 rounding, against a float64 reference.
 
     .serve-venv/bin/python bench/emulate_gemv_half2_error.py --trials 300
@@ -24,7 +24,7 @@ U = 2.0**-11
 
 
 def h2_row(x: torch.Tensor, q: torch.Tensor, z: torch.Tensor, s: torch.Tensor, g: int) -> float:
-    """One output of kernel 8 (without bias), emulated."""
+    """One output of the M = 1 kernel (without bias), emulated."""
     def r16(t: torch.Tensor) -> torch.Tensor:
         return t.half().float()
 
