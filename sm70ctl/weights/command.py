@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+import click
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from sm70ctl.options import EnvFileOpt, JsonOpt
-from sm70ctl.weights.pins import pins_summary
 
 NamesArg = Annotated[
     Optional[list[str]],  # noqa: UP045 - Typer 0.25 needs Optional on Python 3.10
@@ -43,10 +44,33 @@ DirOpt = Annotated[
                  "of the pinned ones. Repeatable.", file_okay=False, metavar="DIR"),
 ]
 
-_PINS = pins_summary()
+# Stands for the lock's pins in help texts; filled in only when a help page is shown, so
+# that other commands do not read and parse the lock file at start-up.
+_PINS = "@PINS@"
+
+
+class _PinsHelp:
+    help: str | None
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        if self.help and _PINS in self.help:
+            from sm70ctl.weights.pins import pins_summary
+
+            self.help = self.help.replace(_PINS, pins_summary())
+        super().format_help(ctx, formatter)  # type: ignore[misc]
+
+
+class _PinsGroup(_PinsHelp, TyperGroup):
+    pass
+
+
+class _PinsCommand(_PinsHelp, TyperCommand):
+    pass
+
 
 weights_app = typer.Typer(
     name="weights",
+    cls=_PinsGroup,
     help=(
         "Fetch the pinned checkpoints, verify them offline, check their quantisation.\n\n"
         "Pinned in the lock file (name: repository @ revision):\n\n" + _PINS
@@ -70,7 +94,7 @@ def _pins(lock: Path | None, names: list[str] | None, include_optional: bool):
     return select_pins(load_model_pins(lock), list(names or []), include_optional)
 
 
-@weights_app.command("fetch", help=(
+@weights_app.command("fetch", cls=_PinsCommand, help=(
     "Download the pinned model repositories into SM70_WEIGHTS_DIR/<local_dir>, at the "
     "40-character commits of the lock file.\n\n"
     "Checks free space first (the bytes still to download against the free space of "
