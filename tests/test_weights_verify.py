@@ -157,7 +157,7 @@ def test_unreadable_manifest_is_a_clear_error(fetched):
     from sm70ctl.errors import Sm70Error
 
     (fetched / ".sm70" / "manifest.json").write_text("{not json")
-    with pytest.raises(Sm70Error, match=r"manifest .* is unreadable"):
+    with pytest.raises(Sm70Error, match=r"weights manifest .*manifest.json: "):
         verify_folder(fetched)
 
 
@@ -175,13 +175,26 @@ def test_manifest_writes_leave_no_temporary_files(fetched):
     '{"name": "a", "repo_id": "r", "revision": "x", "files": {"a": {"size": 1, "stat": 5}}}',
     '{"name": "a", "repo_id": "r", "revision": "x", "files": {"a": {"size": 1, "sha256": 7}}}',
     '{"name": "a", "repo_id": "r", "revision": "x", "files": {}, "include": "*.json"}',
-], ids=["list", "files-list", "entry-str", "stat-int", "sha-int", "include-str"])
+    '{"name": null, "repo_id": "r", "revision": "x", "files": {}}',
+    '{"name": "a", "repo_id": "r", "revision": "x", "files": {}, "stray": 1}',
+    '{"name": "a", "repo_id": "r", "revision": "x", "files": {"../x": {"size": 1}}}',
+    '{"name": "a", "repo_id": "r", "revision": "x", "files": {"a": {"size": 1e400}}}',
+    "[" * 100_000 + "]" * 100_000,
+    "\x00\x01\x02binary",
+    "<dir>",
+], ids=["list", "files-list", "entry-str", "stat-int", "sha-int", "include-str", "null-name",
+        "stray-key", "escape", "huge-number", "deep", "binary", "directory"])
 def test_tampered_manifest_is_one_line_not_a_traceback(fetched, tmp_path, text):
-    (fetched / ".sm70" / "manifest.json").write_text(text)
+    manifest = fetched / ".sm70" / "manifest.json"
+    if text == "<dir>":
+        manifest.unlink()
+        manifest.mkdir()
+    else:
+        manifest.write_text(text)
     res = _cli(tmp_path, "--json")
     assert res.returncode == 1
     assert "Traceback" not in res.stderr
-    assert "manifest" in res.stderr and "is unreadable" in res.stderr
+    assert f"weights manifest {manifest}: " in " ".join(res.stderr.split()), res.stderr
 
 
 @pytest.mark.parametrize("bad", ["../outside.bin", "/etc/hostname", ".sm70/manifest.json", "."])

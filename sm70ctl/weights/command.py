@@ -249,21 +249,18 @@ def check_quant(
     json_out: JsonOpt = False,
 ) -> None:
     from sm70ctl.output import Output, make_table
+    from sm70ctl.readers import check_path
     from sm70ctl.weights.fetch import check_quant_folder
 
     out = Output(json_out)
+    check_path(path, "check-quant PATH")
     folder = path if path.is_dir() else path.parent
     if not path.is_dir() and path.name != "config.json":
-        import json
-
-        from sm70ctl.errors import Sm70Error
+        from sm70ctl.readers import read_json
         from sm70ctl.weights.quant import validate_quant_config
 
-        try:
-            problems = [p.to_dict() for p in
-                        validate_quant_config(json.loads(path.read_text(encoding="utf-8")))]
-        except (OSError, ValueError) as exc:
-            raise Sm70Error(f"cannot read {path}: {exc}") from None
+        config = read_json(path, what="model config")
+        problems = [p.to_dict() for p in validate_quant_config(config)]
     else:
         problems = check_quant_folder(folder)
     data = {"path": str(path), "ok": not problems, "problems": problems}

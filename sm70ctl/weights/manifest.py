@@ -22,6 +22,7 @@ from typing import Any
 
 from sm70ctl.errors import Sm70Error
 from sm70ctl.fsutil import atomic_write_text, sha256_file
+from sm70ctl.readers import View, path_problem, read_json
 
 FORMAT = 1
 STATE_DIR = ".sm70"
@@ -30,6 +31,8 @@ PARTIAL_DIR = "partial"
 # Folders inside a model folder that belong to tools, not to the checkpoint.
 IGNORED_DIRS = (STATE_DIR, ".cache")
 _CHUNK = 8 * 1024 * 1024
+# A checkpoint lists a few hundred files at about 300 bytes each.
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -75,50 +78,59 @@ class Manifest:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        """Parse a manifest; ValueError naming the field when it is not one we wrote (a
-        hand-edited or damaged file must fail cleanly, not deep inside verify)."""
-        if not isinstance(data, dict):
-            raise ValueError(f"expected a JSON object, found {type(data).__name__}")
-        raw_files = data.get("files", {})
-        if not isinstance(raw_files, dict):
-            raise ValueError(f"'files' must be an object, found {type(raw_files).__name__}")
-        files = {}
-        for path, raw in raw_files.items():
-            if not safe_relpath(path):
-                raise ValueError(f"unsafe file path {path!r} (absolute, '..' or {STATE_DIR}/)")
-            if not isinstance(raw, dict):
-                raise ValueError(f"entry of {path!r} must be an object")
-            stat = raw.get("stat")
-            if stat is not None and not isinstance(stat, dict):
-                raise ValueError(f"'stat' of {path!r} must be an object")
-            files[path] = FileEntry(
-                size=int(raw["size"]),
-                lfs_sha256=_opt_str(raw.get("lfs_sha256")),
-                git_oid=_opt_str(raw.get("git_oid")),
-                sha256=_opt_str(raw.get("sha256")),
-                stat=StatStamp(**stat) if stat else None,
-            )
-        for key in ("include", "exclude"):
-            if not isinstance(data.get(key, []), list):
-                raise ValueError(f"'{key}' must be a list")
-        return cls(
-            name=str(data["name"]),
-            repo_id=str(data["repo_id"]),
-            revision=str(data["revision"]),
-            repo_type=str(data.get("repo_type", "model")),
-            include=[str(x) for x in data.get("include", [])],
-            exclude=[str(x) for x in data.get("exclude", [])],
-            complete=data.get("complete", False) is True,
-            files=files,
-            format=int(data.get("format", FORMAT)),
+    def from_dict(cls, data: Any, *, name: str = "manifest.json") -> Manifest:
+        """Parse a manifest; one Sm70Error line naming the field when it is not one we
+        wrote (a hand-edited or damaged file must fail cleanly, not deep inside verify)."""
+        return _parse(View(data, what="weights manifest", name=name))
+
+
+_SHA256 = r"[0-9a-fA-F]{64}"
+_GIT_OID = r"[0-9a-f]{40}|[0-9a-f]{64}"
+_TOP_KEYS = ("name", "repo_id", "revision", "repo_type", "include", "exclude", "complete",
+             "files", "format")
+_ENTRY_KEYS = ("size", "lfs_sha256", "git_oid", "sha256", "stat")
+_BIG = 1 << 62  # no file is larger; bounds what a hand-edited size may claim
+
+
+def _opt_hex(entry: View, key: str, pattern: str) -> str | None:
+    if entry.get(key, None).value is None:
+        return None
+    return entry.get_str(key, pattern=pattern).lower()
+
+
+def _parse(doc: View) -> Manifest:
+    doc.table().only(_TOP_KEYS)
+    version = doc.get_int("format", FORMAT, min=1)
+    if version != FORMAT:
+        doc.fail(f"format {version} is not one this version reads ({FORMAT})", "format")
+    files: dict[str, FileEntry] = {}
+    for path, entry in doc.sub("files", {}).items():
+        if not safe_relpath(path) or path_problem(path) is not None:
+            entry.fail(f"unsafe file path {path!r} (absolute, '..', {STATE_DIR}/ or too long)")
+        entry.table().only(_ENTRY_KEYS)
+        stat = None
+        if entry.get("stat", None).value is not None:
+            st = entry.sub("stat").only(("size", "mtime_ns", "ino"))
+            stat = StatStamp(size=st.get_int("size", min=0, max=_BIG),
+                             mtime_ns=st.get_int("mtime_ns"), ino=st.get_int("ino", min=0))
+        files[path] = FileEntry(
+            size=entry.get_int("size", min=0, max=_BIG),
+            lfs_sha256=_opt_hex(entry, "lfs_sha256", _SHA256),
+            git_oid=_opt_hex(entry, "git_oid", _GIT_OID),
+            sha256=_opt_hex(entry, "sha256", _SHA256),
+            stat=stat,
         )
-
-
-def _opt_str(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise ValueError(f"expected a string or null, found {type(value).__name__}")
+    return Manifest(
+        name=doc.get_str("name", nonempty=True),
+        repo_id=doc.get_str("repo_id"),
+        revision=doc.get_str("revision"),
+        repo_type=doc.get_str("repo_type", "model"),
+        include=doc.get_str_list("include", []),
+        exclude=doc.get_str_list("exclude", []),
+        complete=doc.get_bool("complete", False),
+        files=files,
+        format=version,
+    )
 
 
 def safe_relpath(path: object) -> bool:
@@ -146,17 +158,14 @@ def write_manifest(folder: Path, manifest: Manifest) -> Path:
 def read_manifest(folder: Path) -> Manifest | None:
     """The folder's manifest, None when there is none; a clear error when it is unreadable."""
     path = manifest_path(folder)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         return None
     try:
-        return Manifest.from_dict(json.loads(text))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise Sm70Error(
-            f"manifest {path} is unreadable ({exc.__class__.__name__}: {exc})",
-            hint="run `sm70ctl weights fetch` again to rebuild it",
-        ) from exc
+        data = read_json(path, what="weights manifest", max_bytes=MAX_MANIFEST_BYTES)
+        return Manifest.from_dict(data, name=str(path))
+    except Sm70Error as exc:
+        raise Sm70Error(exc.message, hint="run `sm70ctl weights fetch` again to rebuild it"
+                        ) from None
 
 
 def git_blob_oid(path: Path) -> str:

@@ -20,23 +20,22 @@ naming the table, the field, the value and the rule.
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sm70ctl.errors import Sm70Error
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from sm70ctl.readers import read_toml
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 REPO_TYPES = ("model", "dataset")
+PIN_KEYS = ("repo_id", "revision", "unverified", "repo_type", "local_dir", "include",
+            "exclude", "check_quant", "optional", "note")
+# The lock holds a few dozen pins and build inputs.
+MAX_LOCK_BYTES = 4 * 1024 * 1024
 
 
 class PinError(Sm70Error):
@@ -117,6 +116,9 @@ def parse_model_pins(doc: Mapping[str, Any], source: str = "lock") -> list[Model
             raise PinError(f"{where}: name {name!r} must match {_NAME.pattern}")
         if not isinstance(entry, Mapping):
             raise PinError(f"{where}: must be a table")
+        stray = sorted(set(entry) - set(PIN_KEYS))
+        if stray:
+            raise PinError(f"{where}: unknown key {stray[0]!r} (allowed: {', '.join(PIN_KEYS)})")
         repo_id = _str(entry, "repo_id", where, required=True)
         if not _REPO_ID.match(repo_id):
             raise PinError(f"{where}: repo_id {repo_id!r} must look like 'owner/name'")
@@ -173,14 +175,10 @@ def load_model_pins(path: Path | None = None) -> list[ModelPin]:
     """Read and validate the model pins of a lock file (default: the packaged one)."""
     p = Path(path) if path else default_lock_path()
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PinError(f"cannot read lock file {p}: {exc.strerror}",
-                       hint="pass --lock PATH to a lock file with [models.<name>] tables") from None
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PinError(f"{p}: not valid TOML: {exc}") from None
+        doc = read_toml(p, what="lock file", max_bytes=MAX_LOCK_BYTES)
+    except Sm70Error as exc:
+        raise PinError(exc.message, hint="pass --lock PATH to a lock file with "
+                       "[models.<name>] tables") from None
     pins = parse_model_pins(doc, str(p))
     if not pins:
         raise PinError(f"{p} has no [models.<name>] tables: nothing is pinned to fetch")

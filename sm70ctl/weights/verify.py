@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sm70ctl.readers import check_path, read_json
 from sm70ctl.weights.manifest import (
     STATE_DIR,
     Manifest,
@@ -32,6 +33,7 @@ CORRUPTED = "corrupted"  # on disk, size or sha256 differs
 EXTRA = "extra"  # on disk, not in the manifest
 NO_MANIFEST = "no-manifest"
 UNFINISHED = "unfinished"  # the fetch that wrote the manifest did not finish
+OUTSIDE = "outside"  # a link (of the file or a folder on its way) leading out of the folder
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,12 @@ def _check_entries(
 ) -> bool:
     """Check every listed file; returns True when a stat snapshot was refreshed."""
     refreshed = False
+    root = _real(folder)
     for rel, entry in sorted(manifest.files.items()):
         path = folder / rel
+        if (escape := _escape(path, root)) is not None:
+            report.issues.append(Issue(OUTSIDE, rel, escape))
+            continue
         if not path.is_file():
             part = partial_path(folder, rel)
             if part.is_file():
@@ -121,6 +127,29 @@ def _check_entries(
     return refreshed
 
 
+def _real(path: Path) -> Path | None:
+    try:
+        return path.resolve(strict=True)
+    except (OSError, RuntimeError):  # RuntimeError: a link loop (Python 3.10-3.12)
+        return None
+
+
+def _escape(path: Path, root: Path | None) -> str | None:
+    """Why a listed file cannot be trusted as part of the folder, else None.
+
+    The manifest vouches for what sits in the folder; a link to somewhere else (another
+    checkpoint, a file anyone may rewrite) would let verify pass on content the folder
+    does not own, so a link is followed only while it stays inside."""
+    if not path.is_symlink() and not path.exists():
+        return None  # reported as missing
+    target = _real(path)
+    if target is None:
+        return "a link that leads nowhere (dangling or a loop)"
+    if root is None or not target.is_relative_to(root):
+        return f"a link leading outside the folder (to {target})"
+    return None
+
+
 def verify_folder(
     folder: Path, *, full: bool = False, check_quant: bool | None = None
 ) -> VerifyReport:
@@ -129,7 +158,7 @@ def verify_folder(
     `check_quant`: True validates config.json's quantization_config, False skips it,
     None validates it when config.json has one.
     """
-    folder = Path(folder).expanduser()
+    folder = check_path(Path(folder).expanduser(), "model folder")
     report = VerifyReport(folder=str(folder))
     if not folder.is_dir():
         report.issues.append(Issue(MISSING, ".", f"folder {folder} does not exist"))
@@ -153,7 +182,7 @@ def verify_folder(
     for rel in walk_files(folder):
         if rel not in listed:
             report.issues.append(Issue(EXTRA, rel, "not part of the pinned checkpoint"))
-    order = [MISSING, INCOMPLETE, CORRUPTED, EXTRA, NO_MANIFEST, UNFINISHED]
+    order = [OUTSIDE, MISSING, INCOMPLETE, CORRUPTED, EXTRA, NO_MANIFEST, UNFINISHED]
     report.issues.sort(key=lambda i: (order.index(i.kind), i.path))
 
     if refreshed:
@@ -173,15 +202,12 @@ def verify_folder(
 
 
 def _has_quant_config(config: Path) -> bool:
-    import json
-
-    try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    if not config.is_file():
         return False
+    data = read_json(config, what="model config")  # a broken config.json is reported
     from sm70ctl.weights.quant import has_quant_config
 
     return has_quant_config(data)
 
 
-__all__ = ["STATE_DIR", "Issue", "VerifyReport", "verify_folder"]
+__all__ = ["OUTSIDE", "STATE_DIR", "Issue", "VerifyReport", "verify_folder"]
