@@ -45,8 +45,8 @@ import decode_cases as C
 from gpu_timing import copy_bandwidth, same_bytes_stream_us, time_graph
 from launch_cost import describe_fit, fit_launch_cost
 
+from vllm_patch.ops import kernels, sources
 from vllm_patch.ops import reference as ref
-from vllm_patch.ops import sources
 from vllm_patch.ops.loader import load_ops
 
 SOFTMAX_SCALE = 0.0625  # 1 / sqrt(256)
@@ -56,12 +56,12 @@ SOFTMAX_SCALE = 0.0625  # 1 / sqrt(256)
 def arch_path(path: str) -> Iterator[str]:
     """Run the enclosed launches (and graph captures) on one instantiation: "native" or
     "sm70" (m8n8k4); the process-wide path is restored afterwards."""
-    before = torch.ops.sm70.arch_path()
-    torch.ops.sm70.set_arch_path(path)
+    before = kernels.arch_path()
+    kernels.set_arch_path(path)
     try:
         yield path
     finally:
-        torch.ops.sm70.set_arch_path(before)
+        kernels.set_arch_path(before)
 
 
 def mma_shape(path: str) -> str:
@@ -246,37 +246,6 @@ def run_decode_cases(copy: float, sms: int, volta_too: bool) -> list[dict]:
     return rows
 
 
-def render(result: dict) -> str:
-    lines = [
-        f"device: {result['device']}   copy: {result['copy_gbps']:.0f} GB/s (measured, "
-        "read+write)   V100 columns: projected at 898 GB/s",
-        f"{'kernel':<11}{'case':<34}{'us':>9}{'GB/s':>8}{'%copy':>7}{'%same':>7}{'fp16 us':>9}"
-        f"{'x fp16':>8}{'V100 us*':>10}",
-    ]
-    for r in result["gemv"]:
-        case = f"{r['shape']} M={r['m']} {r['arch_path']}"
-        lines.append(
-            f"{'gemv':<11}{case:<34}{r['us']:>9.1f}{r['gbps']:>8.0f}"
-            f"{100 * r['frac_of_copy']:>6.0f}%{100 * r['frac_of_same_bytes_stream']:>6.0f}%"
-            f"{r['fp16_linear_us']:>9.1f}"
-            f"{r['speedup_vs_fp16_linear']:>8.2f}{r['v100_floor_us_projected']:>10.1f}"
-        )
-    for r in result["decode"]:
-        ctxs = r["batch_contexts"]
-        ctx = r["context"] if len(ctxs) == 1 else C.batch_label(ctxs)
-        case = f"ctx={ctx} q={r['q_rows']} s={r['splits']} {r['arch_path']}"
-        lines.append(
-            f"{'attention':<11}{case:<34}{r['us']:>9.1f}{r['gbps']:>8.0f}"
-            f"{100 * r['frac_of_copy']:>6.0f}%{100 * r['frac_of_same_bytes_stream']:>6.0f}%"
-            f"{'':>9}{'':>8}{r['v100_floor_us_projected']:>10.1f}"
-        )
-    lines.append(
-        "%same: against a streaming kernel over the same bytes, this run; "
-        "* projected floor: bytes / 898 GB/s, not measured"
-    )
-    return "\n".join(lines)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="write the JSON here")
@@ -334,7 +303,7 @@ def main() -> int:
         args.out.write_text(text)
     else:
         print(text)
-    print(render(result))
+    print(C.render(result))
     if m1_fit:
         print("GEMV M = 1,", describe_fit(m1_fit))
     print("targets:", json.dumps(result["targets"]))

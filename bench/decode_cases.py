@@ -129,3 +129,35 @@ def targets(gemv_rows: list[dict], decode_rows: list[dict]) -> dict[str, float |
         "gemv_m4_large_min_speedup_vs_fp16": low(m4, "speedup_vs_fp16_linear"),
         "decode_64k_up_min_frac_of_copy": low(long_ctx, "frac_of_copy"),
     }
+
+
+def render(result: dict) -> str:
+    """The bench's printed table: one line per GEMV and attention row of a result."""
+    lines = [
+        f"device: {result['device']}   copy: {result['copy_gbps']:.0f} GB/s (measured, "
+        "read+write)   V100 columns: projected at 898 GB/s",
+        f"{'kernel':<11}{'case':<34}{'us':>9}{'GB/s':>8}{'%copy':>7}{'%same':>7}{'fp16 us':>9}"
+        f"{'x fp16':>8}{'V100 us*':>10}",
+    ]
+    for r in result["gemv"]:
+        case = f"{r['shape']} M={r['m']} {r['arch_path']}"
+        lines.append(
+            f"{'gemv':<11}{case:<34}{r['us']:>9.1f}{r['gbps']:>8.0f}"
+            f"{100 * r['frac_of_copy']:>6.0f}%{100 * r['frac_of_same_bytes_stream']:>6.0f}%"
+            f"{r['fp16_linear_us']:>9.1f}"
+            f"{r['speedup_vs_fp16_linear']:>8.2f}{r['v100_floor_us_projected']:>10.1f}"
+        )
+    for r in result["decode"]:
+        ctxs = r["batch_contexts"]
+        ctx = r["context"] if len(ctxs) == 1 else batch_label(ctxs)
+        case = f"ctx={ctx} q={r['q_rows']} s={r['splits']} {r['arch_path']}"
+        lines.append(
+            f"{'attention':<11}{case:<34}{r['us']:>9.1f}{r['gbps']:>8.0f}"
+            f"{100 * r['frac_of_copy']:>6.0f}%{100 * r['frac_of_same_bytes_stream']:>6.0f}%"
+            f"{'':>9}{'':>8}{r['v100_floor_us_projected']:>10.1f}"
+        )
+    lines.append(
+        "%same: against a streaming kernel over the same bytes, this run; "
+        "* projected floor: bytes / 898 GB/s, not measured"
+    )
+    return "\n".join(lines)

@@ -91,3 +91,43 @@ def test_batch_label_and_rotating_copies():
     assert dc.copies_for(1) == 64
     assert dc.copies_for(10**10) == 2
     assert dc.copies_for(64 * 2**20) == 8  # 512 MiB / 64 MiB
+
+
+def test_render_prints_one_line_per_row_with_its_case_and_figures():
+    common = {"gbps": 3000.0, "frac_of_copy": 0.75, "frac_of_same_bytes_stream": 0.9}
+    result = {
+        "device": "GPU X",
+        "copy_gbps": 4000.0,
+        "gemv": [
+            {
+                "shape": "qkv_proj",
+                "m": 4,
+                "arch_path": "sm70",
+                "us": 14.25,
+                "fp16_linear_us": 21.0,
+                "speedup_vs_fp16_linear": 1.47,
+                "v100_floor_us_projected": 42.3,
+                **common,
+            }
+        ],
+        "decode": [
+            {
+                "context": 262144,
+                "batch_contexts": [262144] + [4096] * 7,
+                "q_rows": 1,
+                "splits": 33,
+                "arch_path": "native",
+                "us": 100.04,
+                "v100_floor_us_projected": 336.8,
+                **common,
+            }
+        ],
+    }
+    lines = dc.render(result).splitlines()
+    assert len(lines) == 2 + 2 + 1  # header, columns, two rows, footnote
+    assert lines[0].startswith("device: GPU X   copy: 4000 GB/s")
+    gemv, attention = lines[2], lines[3]
+    assert gemv.split()[:4] == ["gemv", "qkv_proj", "M=4", "sm70"]
+    assert gemv.split()[4:] == ["14.2", "3000", "75%", "90%", "21.0", "1.47", "42.3"]
+    assert attention.split()[:5] == ["attention", "ctx=256K+7x4K", "q=1", "s=33", "native"]
+    assert attention.split()[5:] == ["100.0", "3000", "75%", "90%", "336.8"]
