@@ -438,15 +438,18 @@ def check_quant_folder(folder: Path) -> list[dict[str, Any]]:
     """Problems with `<folder>/config.json`'s quantization config, as plain dicts."""
     from sm70ctl.weights.quant import Problem, validate_quant_config
 
+    from sm70ctl.readers import read_json
+
     path = folder / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists():
         problems = [Problem("config.json", None, "present", f"{path} is missing")]
-    except (OSError, ValueError) as exc:
-        problems = [Problem("config.json", None, "valid JSON", f"{path} is unreadable: {exc}")]
     else:
-        problems = validate_quant_config(config)
+        try:
+            config = read_json(path, what="model config")
+        except Sm70Error as exc:
+            problems = [Problem("config.json", None, "valid JSON", exc.message)]
+        else:
+            problems = validate_quant_config(config)
     return [p.to_dict() for p in problems]
 
 
