@@ -9,13 +9,13 @@ accepted too, so tiny test models work.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sm70ctl.errors import Sm70Error
+from sm70ctl.plan.model_checks import FIELD_MAX, check_model
 
 FULL = "full_attention"
 LINEAR = "linear_attention"
@@ -123,13 +123,19 @@ class ModelShape:
         return self.linear_num_value_heads * self.linear_value_head_dim
 
 
+def _brief(value: Any, limit: int = 60) -> str:
+    """A config value for a message: its repr, cut short (a config may hold megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}... ({type(value).__name__})"
+
+
 _HINT = "give a Hugging Face config.json of a Qwen3.5/Qwen3.8 (qwen3_5) model"
 
 
 def _need(cfg: dict[str, Any], key: str, where: str, default: int | None = None,
           minimum: int = 0) -> int:
-    """The integer `cfg[key]` (at least `minimum`); `default` when absent or null, or a
-    named error when there is no default."""
+    """The integer `cfg[key]` (at least `minimum`, at most the key's FIELD_MAX); `default`
+    when absent or null, or a named error when there is no default."""
     value = cfg.get(key)
     if value is None:
         if default is None:
@@ -137,7 +143,13 @@ def _need(cfg: dict[str, Any], key: str, where: str, default: int | None = None,
         return default
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         rule = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise Sm70Error(f"model config: `{where}{key}` = {value!r} is not {rule}", hint=_HINT)
+        raise Sm70Error(f"model config: `{where}{key}` = {_brief(value)} is not {rule}",
+                        hint=_HINT)
+    limit = FIELD_MAX.get(key)
+    if limit is not None and value > limit:
+        raise Sm70Error(
+            f"model config: `{where}{key}` = {value:,} is above {limit:,}, the most sm70ctl "
+            "plans (no real model comes near it)", hint=_HINT)
     return value
 
 
@@ -149,13 +161,13 @@ def _layer_types(text: dict[str, Any], where: str, model_type: Any) -> tuple[str
         if not isinstance(interval, int) or isinstance(interval, bool) or interval <= 0:
             raise Sm70Error(
                 f"model config: `{where}layer_types` and `{where}full_attention_interval` "
-                f"are both missing (model_type {model_type!r})",
+                f"are both missing (model_type {_brief(model_type)})",
                 hint=f"{_HINT}: a hybrid of linear_attention and full_attention layers",
             )
         types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n)]
     if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
-        raise Sm70Error(f"model config: `{where}layer_types` = {types!r} is not a list of names",
-                        hint=f"allowed names: {FULL!r}, {LINEAR!r}")
+        raise Sm70Error(f"model config: `{where}layer_types` = {_brief(types)} is not a list "
+                        "of names", hint=f"allowed names: {FULL!r}, {LINEAR!r}")
     types = tuple(types)
     if len(types) != n:
         raise Sm70Error(
@@ -165,7 +177,7 @@ def _layer_types(text: dict[str, Any], where: str, model_type: Any) -> tuple[str
     bad = sorted({t for t in types if t not in (FULL, LINEAR)})
     if bad:
         raise Sm70Error(
-            f"model config: `{where}layer_types` has unknown kinds {bad}",
+            f"model config: `{where}layer_types` has unknown kinds {_brief(bad)}",
             hint=f"allowed: {FULL!r}, {LINEAR!r}",
         )
     return types
@@ -175,10 +187,10 @@ def _scheme(q: dict[str, Any], base: Scheme | None, where: str) -> Scheme:
     bits = q.get("bits", base.bits if base else None)
     group = q.get("group_size", base.group_size if base else None)
     if isinstance(bits, bool) or bits not in (2, 3, 4, 8) or not isinstance(bits, int):
-        raise Sm70Error(f"quantization config: `{where}bits` = {bits!r}; allowed 2, 3, 4, 8")
+        raise Sm70Error(f"quantization config: `{where}bits` = {_brief(bits)}; allowed 2, 3, 4, 8")
     if not isinstance(group, int) or isinstance(group, bool) or (group <= 0 and group != -1):
         raise Sm70Error(
-            f"quantization config: `{where}group_size` = {group!r}; "
+            f"quantization config: `{where}group_size` = {_brief(group)}; "
             "must be a positive integer or -1"
         )
     return Scheme(
@@ -194,11 +206,11 @@ def parse_quant(q: dict[str, Any] | None) -> QuantConfig | None:
     if not q:
         return None
     if not isinstance(q, dict):
-        raise Sm70Error(f"model config: `quantization_config` = {q!r} is not a JSON object")
+        raise Sm70Error(f"model config: `quantization_config` = {_brief(q)} is not a JSON object")
     method = str(q.get("quant_method", "gptq")).lower()
     if method != "gptq":
         raise Sm70Error(
-            f"quantization config: quant_method {method!r} is not planned",
+            f"quantization config: quant_method {_brief(method)} is not planned",
             hint="sm70ctl plans GPTQ (int8 group-128) or 16-bit checkpoints",
         )
     default = _scheme(q, None, "quantization_config.")
@@ -212,8 +224,8 @@ def parse_quant(q: dict[str, Any] | None) -> QuantConfig | None:
                         "regex -> overrides")
     for key, override in dyn.items():
         if override is not None and not isinstance(override, dict):
-            raise Sm70Error(f"quantization config: dynamic[{key!r}] = {override!r} is not a "
-                            "JSON object")
+            raise Sm70Error(f"quantization config: dynamic[{_brief(key)}] = "
+                            f"{_brief(override)} is not a JSON object")
         if key.startswith("-:"):
             dynamic.append((key[2:], None))
         else:
@@ -223,7 +235,7 @@ def parse_quant(q: dict[str, Any] | None) -> QuantConfig | None:
             re.compile(dynamic[-1][0])
         except re.error as exc:
             raise Sm70Error(
-                f"quantization config: dynamic key {key!r} is not a regex: {exc}"
+                f"quantization config: dynamic key {_brief(key)} is not a regex: {exc}"
             ) from exc
     return QuantConfig(
         method, default, bool(q.get("lm_head", False)), tuple(skip), tuple(dynamic)
@@ -234,12 +246,12 @@ def parse_vision(v: Any) -> VisionShape | None:
     if not v:
         return None
     if not isinstance(v, dict):
-        raise Sm70Error(f"model config: `vision_config` = {v!r} is not a JSON object")
+        raise Sm70Error(f"model config: `vision_config` = {_brief(v)} is not a JSON object")
     w = "vision_config."
     deepstack = v.get("deepstack_visual_indexes") or []
     if not isinstance(deepstack, list) or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in deepstack):
-        raise Sm70Error(f"model config: `{w}deepstack_visual_indexes` = {deepstack!r} is not "
+        raise Sm70Error(f"model config: `{w}deepstack_visual_indexes` = {_brief(deepstack)} is not "
                         "a list of integers")
     return VisionShape(
         depth=_need(v, "depth", w),
@@ -276,7 +288,7 @@ def parse_config(cfg: dict[str, Any], source: str = "<dict>") -> ModelShape:
                         f"/ num_attention_heads {heads} is 0")
     tie = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     if not isinstance(tie, bool):
-        raise Sm70Error(f"model config: `tie_word_embeddings` = {tie!r} is not true or false")
+        raise Sm70Error(f"model config: `tie_word_embeddings` = {_brief(tie)} is not true or false")
     quant = parse_quant(cfg.get("quantization_config") or text.get("quantization_config"))
     archs = cfg.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else "?"
@@ -311,6 +323,7 @@ def parse_config(cfg: dict[str, Any], source: str = "<dict>") -> ModelShape:
             f"model config: `{where}layer_types` has linear_attention layers but the "
             f"`{where}linear_*` head counts/dims are missing or zero"
         )
+    check_model(shape, where)
     return shape
 
 
@@ -320,24 +333,11 @@ CONFIG_MAX_BYTES = 16 << 20
 
 
 def load_config(path: Path) -> ModelShape:
-    """Read and parse a config.json (the file edge)."""
-    try:
-        with Path(path).open("rb") as f:
-            data = f.read(CONFIG_MAX_BYTES + 1)
-        if len(data) > CONFIG_MAX_BYTES:
-            raise Sm70Error(
-                f"model config {path}: larger than {CONFIG_MAX_BYTES >> 20} MiB, not a "
-                "config.json",
-                hint="give the model folder's config.json (--config) or the folder "
-                     "(--model-dir)",
-            )
-        raw = json.loads(data.decode("utf-8"))
-    except FileNotFoundError as exc:
-        raise Sm70Error(f"model config {path}: no such file") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise Sm70Error(f"model config {path}: cannot read: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise Sm70Error(f"model config {path}: not valid JSON: {exc}") from exc
+    """Read and parse a config.json (the file edge): the bounded reader refuses a file too
+    large, too deeply nested, binary or not JSON in one line."""
+    from sm70ctl.readers import read_json
+
+    raw = read_json(path, what="model config", max_bytes=CONFIG_MAX_BYTES)
     return parse_config(raw, str(path))
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from sm70ctl.errors import Sm70Error
 from sm70ctl.plan import clef as clef_mod
+from sm70ctl.plan.model_checks import check_parallel
 from sm70ctl.plan.model_config import FULL, ModelShape
 from sm70ctl.plan.pools import GdnPage, PoolLayout, gdn_page, kv_bytes_per_token_layer, layout_pool
 from sm70ctl.plan.shapes import kv_heads_per_gpu, pp_layer_ranges, stage_tensors
@@ -229,13 +230,7 @@ def compute_plan(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu],
             f"SM70_PIPELINE_PARALLEL_SIZE={pp} needs {tp * pp}",
             hint=f"give --gpus {tp * pp}x32GiB or lower the parallel sizes",
         )
-    for var, n in (("SM70_TENSOR_PARALLEL_SIZE", model.num_attention_heads),
-                   ("SM70_TENSOR_PARALLEL_SIZE", model.linear_num_value_heads or tp),
-                   ("SM70_TENSOR_PARALLEL_SIZE", model.intermediate_size)):
-        if n % tp:
-            raise Sm70Error(f"{var}={tp} does not divide the model's {n} heads/features")
-    if pp > model.num_layers:
-        raise Sm70Error(f"SM70_PIPELINE_PARALLEL_SIZE={pp} exceeds the {model.num_layers} layers")
+    check_parallel(model, tp, pp)
     warnings: list[str] = list(model.warnings) + _quantization_warnings(model, inputs)
     spec = inputs.speculative
     # n-gram drafting keeps the conv-state columns for rollback but loads no MTP layer

@@ -1,0 +1,115 @@
+"""Model configs are checked for what vLLM and the kernels require before any arithmetic:
+heads that shard across TP as vLLM shards them, whole GQA ratios, head sizes the attention
+backend takes, and counts within sane bounds; hostile files are refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm70ctl.errors import Sm70Error
+from sm70ctl.plan.model_checks import MAX_LAYERS, check_parallel
+from sm70ctl.plan.model_config import parse_config
+from tests.test_plan_config import TINY
+
+
+def _cli(tmp_path: Path, cfg: Any, tp: int = 1, raw: bytes | None = None):
+    path = tmp_path / "config.json"
+    if raw is not None:
+        path.write_bytes(raw)
+    else:
+        path.write_text(json.dumps(cfg))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SM70_")}
+    env.update(SM70_MODEL_DIR=str(tmp_path / "no-model"), SM70_TENSOR_PARALLEL_SIZE=str(tp),
+               SM70_GPUS=",".join(str(i) for i in range(tp)), SM70_KV_CACHE_BYTES="0",
+               SM70_MAX_MODEL_LEN="4096")
+    # the guard is the subprocess limit, not an assertion on time: a 10^8-layer config
+    # once ran for minutes
+    r = subprocess.run([sys.executable, "-m", "sm70ctl", "plan", "--config", str(path),
+                        "--gpus", f"{tp}x8GiB"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    r.stderr = " ".join(r.stderr.split())
+    return r
+
+
+def test_the_tiny_model_plans_at_tp_1_and_2(tmp_path: Path) -> None:
+    # the fixture the refusals below start from is itself accepted
+    for tp in (1, 2):
+        r = _cli(tmp_path, TINY, tp)
+        assert r.returncode == 0, r.stderr
+
+
+def test_seven_kv_heads_at_tp_2_are_refused_as_vllm_would(tmp_path: Path) -> None:
+    cfg = {**TINY, "num_attention_heads": 28, "num_key_value_heads": 7, "head_dim": 64}
+    assert _cli(tmp_path, cfg, 1).returncode == 0, "TP=1 takes any KV head count"
+    r = _cli(tmp_path, cfg, 2)
+    assert r.returncode == 1
+    assert ("SM70_TENSOR_PARALLEL_SIZE=2: the model's 7 KV heads (`num_key_value_heads`) can "
+            "be neither split evenly across 2 GPUs") in r.stderr
+    assert "Traceback" not in r.stderr and "3 heads" not in r.stdout
+
+
+def test_kv_heads_fewer_than_gpus_are_copied_when_whole() -> None:
+    one_kv = parse_config({**TINY, "num_key_value_heads": 1, "linear_num_key_heads": 4,
+                           "linear_num_value_heads": 8})
+    check_parallel(one_kv, 2, 1)  # 1 KV head, copied to both GPUs: vLLM takes it
+    check_parallel(one_kv, 4, 1)
+    # attention layers only (no GDN heads to shard)
+    three = parse_config({**TINY, "num_attention_heads": 12, "num_key_value_heads": 3,
+                          "intermediate_size": 528, "full_attention_interval": 1})
+    check_parallel(three, 3, 1)
+    with pytest.raises(Sm70Error, match="3 KV heads"):
+        check_parallel(three, 2, 1)  # 3 >= 2 and 3 % 2: not evenly split
+    with pytest.raises(Sm70Error, match="3 KV heads"):
+        check_parallel(three, 4, 1)  # 3 < 4 and 4 % 3: not a whole number of copies
+
+
+@pytest.mark.parametrize(("patch", "tp", "needle"), [
+    ({"num_attention_heads": 6, "num_key_value_heads": 4},
+     1, "`num_attention_heads` = 6 is not a multiple of `num_key_value_heads` = 4"),
+    ({"head_dim": 16}, 1, "`head_dim` = 16 is below 32"),
+    ({"linear_num_key_heads": 3, "linear_num_value_heads": 4},
+     1, "`linear_num_value_heads` = 4 is not a multiple of `linear_num_key_heads` = 3"),
+    ({"num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 64},
+     4, "SM70_TENSOR_PARALLEL_SIZE=4: the model's 6 attention heads"),
+    ({"linear_num_key_heads": 1, "linear_num_value_heads": 4},
+     2, "SM70_TENSOR_PARALLEL_SIZE=2: the model's 1 GDN key heads"),
+    ({"intermediate_size": 513}, 2, "the model's 513 MLP features"),
+    ({"num_hidden_layers": 10**8}, 1, "`num_hidden_layers` = 100,000,000 is above 1,024"),
+    ({"num_hidden_layers": 10**8, "layer_types": ["linear_attention"] * 3},
+     1, "`num_hidden_layers` = 100,000,000 is above 1,024"),
+    ({"mtp_num_hidden_layers": 10**6}, 1, "`mtp_num_hidden_layers` = 1,000,000 is above 64"),
+    ({"vocab_size": 10**12}, 1, "`vocab_size` = 1,000,000,000,000 is above"),
+    ({"head_dim": "x" * 10**6}, 1, "`head_dim` = 'xxxxx"),
+])
+def test_configs_vllm_or_the_kernels_refuse_are_refused(tmp_path: Path, patch: dict[str, Any],
+                                                        tp: int, needle: str) -> None:
+    r = _cli(tmp_path, {**TINY, **patch}, tp)
+    assert r.returncode == 1, r.stdout[-500:]
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr) < 600  # one line, not the megabyte value
+
+
+def test_layer_bound_is_what_the_parser_enforces() -> None:
+    parse_config({**TINY, "num_hidden_layers": MAX_LAYERS, "full_attention_interval": 4})
+    with pytest.raises(Sm70Error, match="above 1,024"):
+        parse_config({**TINY, "num_hidden_layers": MAX_LAYERS + 1})
+
+
+@pytest.mark.parametrize(("raw", "needle"), [
+    (b"[" * 100_000 + b"]" * 100_000, "nested more than 64 levels deep"),
+    (b'{"a": ' * 5000 + b"1" + b"}" * 5000, "nested more than 64 levels deep"),
+    (b"\x00\x01binary", "binary content"),
+    (b'{"hidden_size": 1, "hidden_size": 2}', "duplicate"),
+    (b"{" + b" " * (17 << 20) + b"}", "model config"),
+])
+def test_hostile_config_files_are_one_line(tmp_path: Path, raw: bytes, needle: str) -> None:
+    r = _cli(tmp_path, None, 1, raw=raw)
+    assert r.returncode == 1
+    assert needle in r.stderr and "Traceback" not in r.stderr and "RecursionError" not in r.stderr
