@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -436,9 +435,8 @@ def local_state(
 
 def check_quant_folder(folder: Path) -> list[dict[str, Any]]:
     """Problems with `<folder>/config.json`'s quantization config, as plain dicts."""
-    from sm70ctl.weights.quant import Problem, validate_quant_config
-
     from sm70ctl.readers import read_json
+    from sm70ctl.weights.quant import Problem, validate_quant_config
 
     path = folder / "config.json"
     if not path.exists():
