@@ -186,8 +186,9 @@ def render(decode: dict, read_ceiling: dict) -> str:
                 f"Measured on one {decode['device']} ({decode['sm_count']} SMs, torch"
                 f" {decode['torch']}) on {decode['date']} ({tree}) by `{decode['command']}`;"
                 f" copy {decode['copy_gbps']:.0f} GB/s (4 GiB device-to-device, bytes read +"
-                f" written, eager). Read-only column: `bench/bench_read_ceiling.py` on the same"
-                f" machine on {read_ceiling['date']} (copy {read_ceiling['copy_gbps']:.0f} GB/s),"
+                f" written, eager). Read-only column: `bench/bench_read_ceiling.py` on one"
+                f" {read_ceiling['device']} on {read_ceiling['date']} (copy"
+                f" {read_ceiling['copy_gbps']:.0f} GB/s),"
                 " the weight bytes only for the GEMVs. V100 column: bytes / 898 GB/s, projected,"
                 " not measured."
             ),
