@@ -8,14 +8,18 @@ machine-readable.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
-from rich.console import Console
-from rich.table import Table
+# rich is imported when something is drawn, not at start-up: a --json result or a one-line
+# diagnostic into a pipe never needs it.
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 # Status words used by every command that reports checks, and their colours.
 STATUS_STYLE = {
@@ -43,10 +47,26 @@ def _width(columns: str | None) -> int:
 
 
 def _console(stderr: bool) -> Console:
+    from rich.console import Console
+
     # Deterministic output when not on a terminal (tests, pipes, CI logs): no colour
     # codes, a fixed width wide enough for our tables.
     width = None if sys.stdout.isatty() else _width(os.environ.get("COLUMNS"))
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
+
+
+# What rich removes from printed text (bell, backspace, vertical tab, form feed, carriage
+# return), removed from plain lines too so both paths print the same characters.
+_CONTROL = str.maketrans("", "", "\a\b\v\f\r")
+
+
+def _plain(stream: TextIO) -> bool:
+    """Diagnostics go out as plain lines where rich would add no colour anyway."""
+    forced = os.environ.get("FORCE_COLOR") or os.environ.get("TTY_COMPATIBLE") == "1"
+    try:
+        return not forced and not stream.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stream
+        return True
 
 
 class Output:
@@ -58,8 +78,25 @@ class Output:
 
     def __init__(self, json_mode: bool = False) -> None:
         self.json_mode = json_mode
-        self.out = _console(stderr=False)
-        self.err = _console(stderr=True)
+
+    @functools.cached_property
+    def out(self) -> Console:
+        return _console(stderr=False)
+
+    @functools.cached_property
+    def err(self) -> Console:
+        return _console(stderr=True)
+
+    def _diagnostic(self, plain: str, markup: Callable[[], str] | None = None) -> None:
+        """One diagnostic line on stderr: plain text into a pipe, rich markup on a terminal
+        (`markup` None prints `plain` with no markup)."""
+        if _plain(sys.stderr):
+            sys.stderr.write(plain.translate(_CONTROL) + "\n")
+            sys.stderr.flush()
+        elif markup is None:
+            self.err.print(plain, markup=False, soft_wrap=True)
+        else:
+            self.err.print(markup(), soft_wrap=True)
 
     # --- results -------------------------------------------------------------------
     def emit(self, data: Any, render: Callable[[Console], None] | None = None) -> None:
@@ -76,18 +113,18 @@ class Output:
     # --- diagnostics (stderr) ----------------------------------------------------------
     # soft_wrap: a diagnostic stays one line whatever the width, so logs can be grepped
     def info(self, msg: str) -> None:
-        self.err.print(msg, markup=False, soft_wrap=True)
+        self._diagnostic(msg)
 
     def success(self, msg: str) -> None:
-        self.err.print(f"[green]{escape(msg)}[/green]", soft_wrap=True)
+        self._diagnostic(msg, lambda: f"[green]{escape(msg)}[/green]")
 
     def warn(self, msg: str) -> None:
-        self.err.print(f"[yellow]warning:[/yellow] {escape(msg)}", soft_wrap=True)
+        self._diagnostic(f"warning: {msg}", lambda: f"[yellow]warning:[/yellow] {escape(msg)}")
 
     def error(self, msg: str, hint: str | None = None) -> None:
-        self.err.print(f"[bold red]error:[/bold red] {escape(msg)}", soft_wrap=True)
+        self._diagnostic(f"error: {msg}", lambda: f"[bold red]error:[/bold red] {escape(msg)}")
         if hint:
-            self.err.print(f"  [dim]fix:[/dim] {escape(hint)}", soft_wrap=True)
+            self._diagnostic(f"  fix: {hint}", lambda: f"  [dim]fix:[/dim] {escape(hint)}")
 
 
 def escape(text: str) -> str:
@@ -110,6 +147,8 @@ def make_table(
     status_column: int | None = None,
 ) -> Table:
     """A plain rich table; cells are escaped, except the status column which is coloured."""
+    from rich.table import Table
+
     table = Table(title=title, show_lines=False, header_style="bold")
     for col in columns:
         table.add_column(col, overflow="fold")

@@ -273,12 +273,12 @@ def test_docs_list_every_check():
 
 
 def test_runs_without_the_settings_module_dependencies():
-    # As on a machine where pydantic-settings is not installed: the import of the
+    # As on a machine where pydantic is not installed: the import of the
     # settings module really fails, and the doctor falls back to reading the variables.
     # The doctor's own command is mounted alone: sm70ctl.cli also wires `env`, which
     # needs the settings module at start-up.
     code = (
-        "import sys; sys.modules['pydantic_settings'] = None\n"
+        "import sys; sys.modules['pydantic'] = None\n"
         "import typer\n"
         "from sm70ctl.doctor import command\n"
         "app = typer.Typer()\n"
@@ -297,7 +297,7 @@ def test_runs_without_the_settings_module_dependencies():
     report = json.loads(proc.stdout)
     checks = {c["id"]: c for c in report["checks"]}
     assert checks["settings.valid"]["status"] == "warn"
-    assert "pydantic_settings" in checks["settings.valid"]["observed"]
+    assert "pydantic" in checks["settings.valid"]["observed"]
     assert report["probes"]["settings"]["source"] == "fallback"
     assert report["probes"]["config"]["gpus"] == ["1", "2"]
     assert proc.returncode == 0, proc.stderr

@@ -62,12 +62,10 @@ def check(env_file: EnvFileOpt = None, json: JsonOpt = False) -> None:
     from sm70ctl.settings.loader import sources_of
 
     changed = {k: v for k, v in sources_of(settings).items() if v != "default"}
-    out.emit(
-        {"ok": True, "set": {k: {"value": settings.env_text(k), "source": v}
-                             for k, v in changed.items()}},
-        lambda c: None,
-    )
-    if not json:
+    if json:
+        out.emit({"ok": True, "set": {k: {"value": settings.env_text(k), "source": v}
+                                      for k, v in changed.items()}})
+    else:
         out.success(f"SM70_* settings OK ({len(changed)} set, the rest default)")
 
 
