@@ -134,7 +134,10 @@ def test_record_then_replay(tmp_path):
 
 @pytest.mark.parametrize(
     "content,words",
-    [("{not json", "not JSON"), ('{"nvml": 1}', "not doctor probe data"), (None, "No such file")],
+    [("{not json", "not valid JSON"), ('{"nvml": 1}', "not doctor probe data"),
+     (None, "No such file"), ("[" * 100_000 + "]" * 100_000, "levels deep"),
+     ('{"schema_version": 1, "nvml": {"error": null, "driver_version": null, "gpus": 5}}',
+      "not doctor probe data"), ("\x00\x01binary", "binary content")],
 )
 def test_bad_probe_data_is_a_usage_error(tmp_path, content, words):
     path = tmp_path / "p.json"

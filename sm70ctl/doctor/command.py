@@ -87,8 +87,13 @@ def doctor(
         config, settings_probe = load_config(env_file, os.environ)
         data = pr.collect(config, os.environ, only=ck.probes_needed(selected))
         data.settings = settings_probe
+    from sm70ctl.secrets import scrub, secret_values
+
+    # A record is made to be attached to a bug report: no secret value may be in it, also
+    # not inside a probe's captured output.
+    probes = scrub(pr.asdict_probe(data), secret_values(os.environ))
     if record is not None:
-        write_json_atomic(record, pr.asdict_probe(data))
+        write_json_atomic(record, probes)
 
     results = ck.run_checks(config, data, selected)
     summary = ck.summarize(results, strict=strict)
@@ -97,7 +102,7 @@ def doctor(
         "kind": "sm70ctl.doctor",
         "summary": summary,
         "checks": [r.to_dict() for r in results],
-        "probes": pr.asdict_probe(data),
+        "probes": probes,
     }
     out = Output(json_out)
     out.emit(report, lambda console: render(console, results, summary))
@@ -155,18 +160,15 @@ def load_config(env_file: Path | None, environ: Any) -> tuple[Any, Any]:
 
 
 def load_probe_data(path: Path) -> Any:
-    import json
-
     from sm70ctl.doctor.probes import load_probe_dict
     from sm70ctl.doctor.records import RecordError
-    from sm70ctl.errors import UsageError
+    from sm70ctl.errors import Sm70Error, UsageError
+    from sm70ctl.readers import read_json
 
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"--probe-data {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise UsageError(f"--probe-data {path}: not JSON ({exc})") from None
+        raw = read_json(path, what="--probe-data")
+    except Sm70Error as exc:
+        raise UsageError(exc.message) from None
     try:
         return load_probe_dict(raw)
     except RecordError as exc:
