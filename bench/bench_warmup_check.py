@@ -56,7 +56,7 @@ def main() -> None:
 
         os.environ.update(env)
         from sm70ctl.settings import load_settings
-        from sm70ctl.warmup.status import cache_status
+        from sm70ctl.runtime.cache_status import cache_status
 
         settings = load_settings(env_file=REPO / "tests" / "e2e" / "cpu.env")
         inproc = []

@@ -11,7 +11,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 _HOLD = (
-    "import sys, time; from sm70ctl.serve.lock import FileLock;"
+    "import sys, time; from sm70ctl.locking import FileLock;"
     "FileLock(sys.argv[1], sys.argv[2]).acquire(); print('held', flush=True);"
     "time.sleep(60)"
 )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sm70ctl.devices import nvml
 from sm70ctl.doctor import checks as ck
 from sm70ctl.doctor import probes as pr
 from sm70ctl.doctor.config import GB, MIB, DoctorConfig
@@ -381,17 +382,6 @@ def test_gpu_count_and_resolution():
     assert status(data, "gpu.count", with_gpus(data, ())) == "fail"
 
 
-def test_resolve_gpus_ambiguous_prefix():
-    gpus = [pr.GpuProbe(index=0, uuid="GPU-aa11"), pr.GpuProbe(index=1, uuid="GPU-aa22")]
-    assert pr.resolve_gpus(["GPU-aa", "GPU-AA22", "1", "7", "MIG-x"], gpus) == [
-        None,
-        1,
-        1,
-        None,
-        None,
-    ]
-
-
 def test_gpu_checks_only_look_at_configured_gpus():
     data = load("busy_gpu")  # GPU1 is busy
     assert status(data, "gpu.memory", with_gpus(data, ("0",))) == "pass"
@@ -523,7 +513,7 @@ def test_pcie(gen, gen_max, width, width_max, expected):
 )
 def test_interconnect(links, read, nvl, expected, words):
     data = load("v100_nvlink")
-    data.nvml.pairs = [pr.PairProbe(a=0, b=1, nvlink_active=links, p2p_read=read, p2p_nvlink=nvl)]
+    data.nvml.pairs = [nvml.PairProbe(a=0, b=1, nvlink_active=links, p2p_read=read, p2p_nvlink=nvl)]
     r = verdicts(data)["gpu.interconnect"]
     assert r.status == expected and words in r.observed
 

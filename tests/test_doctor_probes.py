@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sm70ctl.devices import nvml
 from sm70ctl.doctor import checks as ck
 from sm70ctl.doctor import probes as pr
 from sm70ctl.doctor.config import DoctorConfig
@@ -119,17 +120,19 @@ def test_cubin_arch_of_a_cuda12_cubin(tmp_path):
 
 
 def test_cubin_arch_header_layouts(tmp_path):
-    def elf(abi: int, flags: int) -> Path:
+    def elf(abi: int, flags: int, machine: int = 190) -> Path:
         head = bytearray(64)
         head[:4], head[4], head[8] = b"\x7fELF", 2, abi
+        head[18:20] = machine.to_bytes(2, "little")
         head[48:52] = flags.to_bytes(4, "little")
-        p = tmp_path / f"{abi}-{flags}.cubin"
+        p = tmp_path / f"{abi}-{flags}-{machine}.cubin"
         p.write_bytes(bytes(head))
         return p
 
     assert pr.cubin_arch(elf(7, 0x00460546)) == 70  # CUDA 12: SM in the low byte
     assert pr.cubin_arch(elf(8, 0x06004604)) == 70  # CUDA 13 ABI: SM in bits 8-15
     assert pr.cubin_arch(tmp_path / "missing") is None
+    assert pr.cubin_arch(elf(7, 0x00460546, machine=62)) is None  # an x86-64 ELF, not a cubin
     (tmp_path / "text").write_text("not an elf at all, but long enough to have a header....")
     assert pr.cubin_arch(tmp_path / "text") is None
 
@@ -350,7 +353,7 @@ def _nvml_works() -> bool:
 def test_real_pynvml_without_driver():
     if _nvml_works():
         pytest.skip("this machine has an NVIDIA driver")
-    probe = pr.probe_nvml(DoctorConfig())
+    probe = nvml.probe_nvml(DoctorConfig().gpus)
     assert not probe.available and probe.gpus == []
     assert probe.error_kind in ("library_not_found", "driver_not_loaded"), probe.error
     r = {x.id: x for x in ck.run_checks(DoctorConfig(), pr.ProbeData(nvml=probe))}
@@ -363,10 +366,11 @@ def test_real_pynvml_without_driver():
 def test_real_pynvml_with_gpus():
     if not _nvml_works():
         pytest.skip("no NVIDIA driver here")
-    probe = pr.probe_nvml(DoctorConfig(gpus=("0", "1")))
+    probe = nvml.probe_nvml(("0", "1"))
     assert probe.available and probe.driver_version and probe.gpus
     g = probe.gpus[0]
     assert g.name and g.uuid and g.cc_major is not None and g.memory_total_mib
+    assert g.memory_total_bytes and g.memory_total_bytes // (1 << 20) == g.memory_total_mib
     if len(probe.gpus) > 1:
         assert len(probe.pairs) == 1 and probe.pairs[0].p2p_read is not None
     json.dumps(to_dict(probe))  # recordable
@@ -383,7 +387,7 @@ def test_real_pynvml_with_gpus():
     ],
 )
 def test_normalize_bus_id(bus_id, norm):
-    assert pr.normalize_bus_id(bus_id) == norm
+    assert nvml.normalize_bus_id(bus_id) == norm
 
 
 # --- files and limits ------------------------------------------------------------------------

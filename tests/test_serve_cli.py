@@ -96,7 +96,7 @@ def test_busy_port_refused_before_launch(env: dict[str, str], tmp_path: Path) ->
 def test_held_lock_refused_naming_the_holder(env: dict[str, str], tmp_path: Path) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from sm70ctl.serve.lock import port_lock;"
+         "import sys, time; from sm70ctl.runtime.port_lock import port_lock;"
          f"l = port_lock(sys.argv[1], {env['SM70_PORT']}, '127.0.0.1').acquire();"
          "print('held', flush=True); time.sleep(60)", env["SM70_LOCK_DIR"]],
         stdout=subprocess.PIPE, text=True,
@@ -369,14 +369,14 @@ def test_stop_signal_before_the_start_starts_nothing(env: dict[str, str], tmp_pa
     import threading
 
     from sm70ctl.output import Output
+    from sm70ctl.runtime.command_line import vllm_argv
     from sm70ctl.serve.command import _launch
-    from sm70ctl.serve.launching import server_argv
     from sm70ctl.settings import load_settings
 
     settings = load_settings(environ=env, env_file=CPU_ENV)
     stop = threading.Event()
     stop.set()
-    code = _launch(settings, Output(True), server_argv(settings), {}, env, [], False, {},
+    code = _launch(settings, Output(True), vllm_argv(settings), {}, env, [], False, {},
                    tmp_path / "locks" / "x.lock", stop, ["SIGHUP"])
     assert code == 0
     assert starts(tmp_path / "starts.txt") == 0

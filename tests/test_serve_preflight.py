@@ -7,6 +7,8 @@ import itertools
 
 import pytest
 
+from sm70ctl.devices.selection import resolve_gpu_entries
+from sm70ctl.runtime.probes import GpuUse, ModelDirState
 from sm70ctl.serve.preflight import (
     FAIL,
     MIB,
@@ -15,8 +17,6 @@ from sm70ctl.serve.preflight import (
     WARN,
     CacheState,
     Check,
-    GpuUse,
-    ModelDirState,
     PortState,
     PreflightInputs,
     check_cache,
@@ -29,7 +29,6 @@ from sm70ctl.serve.preflight import (
     check_quant,
     check_serve_python,
     failures,
-    resolve_gpu_entries,
     run_checks,
 )
 

@@ -14,15 +14,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from serve_fakes import alive
 
-from sm70ctl.serve.supervisor import (
+from sm70ctl.runtime.server import (
     ServerFailed,
     ServerLog,
     ServerProcess,
     ServerSpec,
     group_has_live_members,
-    next_backoff,
     wait_ready,
 )
+from sm70ctl.serve.supervisor import next_backoff
 
 
 def test_backoff_doubles_up_to_max() -> None:

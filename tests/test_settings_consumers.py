@@ -14,14 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from sm70ctl.launch import (
-    compile_fingerprint,
-    compile_key_items,
-    plugin_config_obj,
-    secrets_yaml,
-    vllm_argv,
-)
-from sm70ctl.launch import vllm_env as _vllm_env
+from sm70ctl.runtime.command_line import vllm_argv
+from sm70ctl.runtime.compile_cache import compile_fingerprint, compile_key_items
+from sm70ctl.runtime.environment import vllm_env as _vllm_env
+from sm70ctl.runtime.plugin_config import plugin_config_obj
+from sm70ctl.runtime.secrets import secrets_yaml
 from sm70ctl.settings import SettingsError, load_schema, load_settings
 from sm70ctl.settings.consumers import CONSUMER_FUNCTIONS
 

@@ -14,7 +14,7 @@ import pytest
 from lock_holder import held_lock
 from serve_fakes import alive, fake_env, free_port
 
-from sm70ctl.warmup.manifest import DONE, FAILED, NOT_NEEDED, SKIPPED, Step
+from sm70ctl.runtime.manifest import DONE, FAILED, NOT_NEEDED, SKIPPED, Step
 from sm70ctl.warmup.runner import Capabilities, is_warm, new_files, plan_steps
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,8 +11,10 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
+from sm70ctl.devices.nvml import GpuProbe, NvmlProbe, PairProbe
+from sm70ctl.devices.selection import resolve_gpus
 from sm70ctl.doctor.config import BUILD_FREE_BYTES, GB, WEIGHTS_FREE_BYTES, DoctorConfig
-from sm70ctl.doctor.probes import GpuProbe, NvmlProbe, PairProbe, ProbeData, resolve_gpus
+from sm70ctl.doctor.probes import ProbeData
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 STATUSES = (PASS, WARN, FAIL, SKIP)
@@ -134,7 +136,8 @@ def nvml_down(nvml: NvmlProbe) -> Verdict:
 
 def serving_gpus(config: DoctorConfig, nvml: NvmlProbe) -> list[GpuProbe]:
     by_index = {g.index: g for g in nvml.gpus}
-    return [by_index[i] for i in resolve_gpus(config.gpus, nvml.gpus) if i is not None]
+    matches = resolve_gpus(config.gpus, nvml.gpus)
+    return [by_index[m.index] for m in matches if m.index is not None]
 
 
 def label(gpu: GpuProbe) -> str:
@@ -473,7 +476,7 @@ def gpu_count(config: DoctorConfig, data: ProbeData) -> Verdict:
     if not nvml.available:
         return nvml_down(nvml)
     resolved = resolve_gpus(config.gpus, nvml.gpus)
-    missing = [e for e, i in zip(config.gpus, resolved, strict=False) if i is None]
+    missing = [m.entry for m in resolved if m.index is None]
     shown = ",".join(config.gpus)
     found = len(config.gpus) - len(missing)
     observed = f"SM70_GPUS={shown}: {found} of {len(config.gpus)} found; {len(nvml.gpus)} visible"

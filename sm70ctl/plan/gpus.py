@@ -1,17 +1,17 @@
 """Which GPUs the plan is for: `--gpus NxSIZE`, NVML, or the reference pair.
 
-The NVML probe is the only side effect here; it returns plain data and imports pynvml
-lazily, so the CLI starts fast and works on machines without a driver.
+The NVML probe (sm70ctl.devices.nvml) is the only side effect here; SM70_GPUS entries are
+resolved by the rule serve and doctor use (sm70ctl.devices.selection).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sm70ctl.devices.selection import resolve_gpus as resolve_entries
 from sm70ctl.errors import Sm70Error, UsageError
 from sm70ctl.plan.plan import Gpu
 
@@ -31,6 +31,14 @@ _UNITS = {
 _MAX_BYTES = 1 << 50
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _COUNT = re.compile(r"^\s*(\d+)\s*[xX*]\s*(.+)$")
+
+
+@dataclass(frozen=True)
+class _Listed:
+    """An NVML row as the SM70_GPUS resolver reads it."""
+
+    index: int
+    uuid: str | None
 
 
 @dataclass(frozen=True)
@@ -75,32 +83,19 @@ def parse_gpus(spec: str) -> list[Gpu]:
 
 
 def probe_nvml() -> list[dict[str, int | str]] | None:
-    """GPUs as NVML reports them (index, name, total bytes), or None without NVML."""
-    try:
-        import pynvml
-    except ImportError:
+    """GPUs as NVML reports them (index, name, uuid, total bytes), or None without NVML:
+    the one NVML probe (sm70ctl.devices.nvml) reduced to what the plan reads."""
+    from sm70ctl.devices.nvml import probe_nvml as probe
+
+    nvml = probe()
+    if not nvml.available:
         return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return None
-    try:
-        out: list[dict[str, int | str]] = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(handle)
-            if isinstance(name, bytes):
-                name = name.decode()
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
-            out.append({"index": i, "name": name,
-                        "uuid": uuid.decode() if isinstance(uuid, bytes) else str(uuid),
-                        "total": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)})
-        return out or None
-    except pynvml.NVMLError:
-        return None
-    finally:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()
+    out: list[dict[str, int | str]] = [
+        {"index": g.index, "name": g.name or f"GPU {g.index}", "uuid": g.uuid or "",
+         "total": g.memory_total_bytes}
+        for g in nvml.gpus if g.memory_total_bytes is not None
+    ]
+    return out or None
 
 
 def reference_gpus(n: int) -> list[Gpu]:
@@ -119,17 +114,18 @@ def resolve_gpus(spec: str | None, needed: int,
     if nvml:
         devices = nvml
         if selected:
-            devices = []
-            for sel in selected:
-                found = next((d for d in nvml if sel in (str(d["index"]), d.get("uuid"))), None)
-                if found is None:
-                    raise Sm70Error(
-                        f"SM70_GPUS={','.join(selected)}: NVML has no GPU {sel!r} "
-                        f"(indices 0..{len(nvml) - 1})",
-                        hint="set SM70_GPUS to indices or UUIDs from `nvidia-smi -L`, or "
-                             "plan other cards with --gpus",
-                    )
-                devices.append(found)
+            by_index = {int(d["index"]): d for d in nvml}
+            seen = [_Listed(i, str(d.get("uuid") or "") or None) for i, d in by_index.items()]
+            matches = resolve_entries(selected, seen)
+            bad = next((m for m in matches if m.problem), None)
+            if bad is not None:
+                why = f"NVML has no GPU {bad.entry!r}" if bad.hits == 0 else bad.problem
+                raise Sm70Error(
+                    f"SM70_GPUS={','.join(selected)}: {why} (indices 0..{len(nvml) - 1})",
+                    hint="set SM70_GPUS to indices or UUIDs from `nvidia-smi -L`, or "
+                         "plan other cards with --gpus",
+                )
+            devices = [by_index[m.index] for m in matches if m.index is not None]
         gpus = [Gpu(int(d["index"]), str(d["name"]), int(d["total"])) for d in devices]
         which = f" (SM70_GPUS={','.join(selected)})" if selected else ""
         return GpuSource(gpus, "nvml", f"{len(gpus)} GPU(s) read through NVML{which}")

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from sm70ctl.options import EnvFileOpt, JsonOpt
+from sm70ctl.settings.typed import SettingsView
 
 HELP = (
     "Start the vLLM OpenAI server for the configured model and keep it running.\n\n"
@@ -82,7 +83,7 @@ def register(app: typer.Typer) -> None:
 
 
 # --- the work ---------------------------------------------------------------------------
-def _plan_verdict(settings: Any, device: str) -> tuple[str, str]:
+def _plan_verdict(settings: SettingsView, device: str) -> tuple[str, str]:
     if device == "cpu":
         return ("skip", "device cpu: the GPU memory plan does not apply")
     from sm70ctl.errors import Sm70Error
@@ -100,20 +101,21 @@ def _plan_verdict(settings: Any, device: str) -> tuple[str, str]:
 
 
 def _gather(
-    settings: Any, device: str, allow_cold: bool, lock_ours: bool, environ: dict[str, str]
+    settings: SettingsView, device: str, allow_cold: bool, lock_ours: bool, environ: dict[str, str]
 ) -> dict[str, Any]:
     """Run every probe; returns the inputs of the pure checks plus launch data."""
+    from sm70ctl.devices.selection import resolve_gpu_entries
+    from sm70ctl.locking import probe_holder
+    from sm70ctl.runtime import probes as rprobes
+    from sm70ctl.runtime.cache_status import cache_status
+    from sm70ctl.runtime.port_lock import port_lock_path
     from sm70ctl.serve import probes
-    from sm70ctl.serve.lock import port_lock_path, probe_holder
     from sm70ctl.serve.preflight import CacheState, PreflightInputs
     from sm70ctl.settings.rules import is_loopback
-    from sm70ctl.warmup.status import cache_status
 
     gpus, nvml_error, indices = [], None, None
     if device == "cuda":
-        from sm70ctl.serve.preflight import resolve_gpu_entries
-
-        gpus, nvml_error = probes.probe_gpus(settings)
+        gpus, nvml_error = rprobes.probe_gpus(settings)
         if nvml_error is None:
             resolved, problems = resolve_gpu_entries(settings.gpus, gpus)
             indices = None if problems else resolved
@@ -121,7 +123,7 @@ def _gather(
     if not lock_ours:
         h = probe_holder(port_lock_path(settings.lock_dir, settings.port))
         holder = h.info if h else None
-    model = probes.probe_model_dir(settings.model_dir)
+    model = rprobes.probe_model_dir(settings.model_dir)
     verdict, _ = cache_status(settings, device, environ)
     inputs = PreflightInputs(
         device=device,
@@ -133,7 +135,7 @@ def _gather(
         lock_holder=holder,
         lock_ours=lock_ours,
         serve_python=str(settings.serve_python),
-        serve_python_ok=probes.probe_executable(settings.serve_python),
+        serve_python_ok=rprobes.probe_executable(settings.serve_python),
         model=model,
         quantization=settings.quantization,
         quant_problems=probes.quant_problems(dict(model.config) if model.config else None),
@@ -173,7 +175,7 @@ def _render_checks_dicts(console: Any, checks: list[dict[str, Any]]) -> None:
 
 
 def run_serve(
-    settings: Any,
+    settings: SettingsView,
     *,
     environ: dict[str, str],
     device: str = "cuda",
@@ -183,19 +185,14 @@ def run_serve(
     json_mode: bool = False,
 ) -> int:
     from sm70ctl.errors import Sm70Error, UsageError
-    from sm70ctl.launch import redact_argv
     from sm70ctl.output import Output
-    from sm70ctl.serve.environment import mask_env, shell_line
-    from sm70ctl.serve.launching import (
-        DEVICES,
-        cpu_problems,
-        managed_env,
-        secrets_file,
-        server_argv,
-    )
-    from sm70ctl.serve.lock import port_lock
+    from sm70ctl.runtime.command_line import redact_argv, shell_line, vllm_argv
+    from sm70ctl.runtime.cpu_profile import DEVICES, cpu_problems
+    from sm70ctl.runtime.environment import managed_env, mask_env
+    from sm70ctl.runtime.manifest import entry_dir
+    from sm70ctl.runtime.port_lock import port_lock
+    from sm70ctl.runtime.secrets import secrets_file
     from sm70ctl.serve.preflight import failures, run_checks
-    from sm70ctl.warmup.manifest import entry_dir
 
     out = Output(json_mode)
     if device not in DEVICES:
@@ -208,7 +205,7 @@ def run_serve(
                 hint="see docs/serve.md (the CPU profile), e.g. --env-file tests/e2e/cpu.env",
             )
     secrets = [s.get_secret_value() for s in (settings.api_key, settings.hf_token) if s]
-    argv = server_argv(settings)
+    argv = vllm_argv(settings)
     shown_argv = redact_argv(argv)
 
     if dry_run:
@@ -267,7 +264,7 @@ def run_serve(
         old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
         try:
             with secrets_file(settings) as secrets_path:
-                argv = server_argv(settings, secrets_path)
+                argv = vllm_argv(settings, secrets_file=secrets_path)
                 return _launch(settings, out, argv, env, environ, secrets, restart, doc,
                                lock.path, stop, received)
         finally:
@@ -278,7 +275,7 @@ def run_serve(
 
 
 def _launch(
-    settings: Any,
+    settings: SettingsView,
     out: Any,
     argv: list[str],
     managed: dict[str, str],
@@ -290,10 +287,10 @@ def _launch(
     stop: threading.Event,
     received: list[str],
 ) -> int:
-    from sm70ctl.launch import redact_argv
-    from sm70ctl.serve.environment import child_env, mask_env, shell_line, unmanaged
-    from sm70ctl.serve.launching import base_url
-    from sm70ctl.serve.supervisor import Events, ServerLog, ServerSpec, supervise
+    from sm70ctl.runtime.command_line import base_url, redact_argv, shell_line
+    from sm70ctl.runtime.environment import child_env, mask_env, unmanaged
+    from sm70ctl.runtime.server import ServerLog, ServerSpec
+    from sm70ctl.serve.supervisor import Events, supervise
 
     log_path = Path(settings.log_dir).expanduser() / f"serve-{settings.port}.log"
     echo = None if out.json_mode else (lambda line: out.err.print(line, markup=False,

@@ -11,6 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from sm70ctl.devices.selection import resolve_gpu_entries
+from sm70ctl.runtime.probes import GpuUse, ModelDirState
+
 MIB = 1024 * 1024
 
 PASS, FAIL, WARN, SKIP = "pass", "fail", "warn", "skip"
@@ -28,28 +31,9 @@ class Check:
 
 
 @dataclass(frozen=True)
-class GpuUse:
-    """What pre-flight needs to know about one GPU (from the NVML probe)."""
-
-    index: int
-    uuid: str | None = None
-    name: str | None = None
-    memory_used_mib: int | None = None
-    processes: tuple[tuple[int, str | None, int | None], ...] = ()  # (pid, name, MiB)
-
-
-@dataclass(frozen=True)
 class PortState:
     free: bool
     detail: str = ""
-
-
-@dataclass(frozen=True)
-class ModelDirState:
-    path: str
-    exists: bool
-    config: Mapping[str, Any] | None = None
-    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -201,32 +185,6 @@ def check_cache(i: PreflightInputs) -> Check:
         f"cold{fp}: {i.cache.reason}",
         "run `sm70ctl warmup`, or pass --allow-cold",
     )
-
-
-def resolve_gpu_entries(
-    wanted: Sequence[str], gpus: Sequence[GpuUse]
-) -> tuple[list[int], list[str]]:
-    """SM70_GPUS entries (indices, GPU-UUIDs or unique UUID prefixes) -> indices in PCI bus
-    order (NVML's order, the one CUDA_DEVICE_ORDER=PCI_BUS_ID gives vLLM); and problems."""
-    indices: list[int] = []
-    problems: list[str] = []
-    for raw in wanted:
-        entry = str(raw).strip()
-        if entry.isdigit():
-            hit = [g.index for g in gpus if g.index == int(entry)]
-        elif entry.upper().startswith("GPU-"):
-            hit = [g.index for g in gpus if g.uuid and g.uuid.lower().startswith(entry.lower())]
-        else:
-            hit = []
-        if len(hit) == 1:
-            if hit[0] in indices:
-                problems.append(f"{entry} names GPU {hit[0]} twice")
-            indices.append(hit[0])
-        elif len(hit) > 1:
-            problems.append(f"{entry} matches {len(hit)} GPUs")
-        else:
-            problems.append(f"{entry} matches no GPU (found {len(gpus)})")
-    return indices, problems
 
 
 def check_gpus(i: PreflightInputs) -> list[Check]:

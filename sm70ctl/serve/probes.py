@@ -1,19 +1,15 @@
-"""What serve's pre-flight looks at, each probe returning plain data (the side effects).
+"""What only serve's pre-flight looks at, each probe returning plain data (the side effects).
 
-GPU data comes from the doctor's NVML probe (one implementation of NVML access), reduced
-to the few fields pre-flight judges.
+The probes warmup shares (GPUs, model folder, serving interpreter) are sm70ctl.runtime.probes.
 """
 
 from __future__ import annotations
 
 import errno
-import json
-import os
 import socket
-from pathlib import Path
 from typing import Any
 
-from sm70ctl.serve.preflight import GpuUse, ModelDirState, PortState
+from sm70ctl.serve.preflight import PortState
 
 
 def probe_port(host: str, port: int) -> PortState:
@@ -32,22 +28,6 @@ def probe_port(host: str, port: int) -> PortState:
     return PortState(True)
 
 
-def probe_model_dir(path: Path) -> ModelDirState:
-    path = Path(path).expanduser()
-    if not path.is_dir():
-        return ModelDirState(str(path), exists=False)
-    cfg = path / "config.json"
-    try:
-        data = json.loads(cfg.read_text())
-    except FileNotFoundError:
-        return ModelDirState(str(path), exists=True, error="config.json is missing")
-    except (OSError, ValueError) as exc:
-        return ModelDirState(str(path), exists=True, error=str(exc))
-    if not isinstance(data, dict):
-        return ModelDirState(str(path), exists=True, error="config.json is not an object")
-    return ModelDirState(str(path), exists=True, config=data)
-
-
 def quant_problems(config: dict[str, Any] | None) -> list[str] | None:
     """The weights module's verdict on the checkpoint's quantization_config, as lines;
     None when the checkpoint has no quantization_config at all."""
@@ -57,29 +37,3 @@ def quant_problems(config: dict[str, Any] | None) -> list[str] | None:
         return None
 
     return [p.message for p in validate_quant_config(config)]
-
-
-def probe_executable(path: Path) -> bool:
-    p = Path(path).expanduser()
-    return p.is_file() and os.access(p, os.X_OK)
-
-
-def probe_gpus(settings: Any) -> tuple[list[GpuUse], str | None]:
-    """(GPUs in NVML order, error). NVML numbers GPUs in PCI bus order."""
-    from sm70ctl.doctor.config import DoctorConfig
-    from sm70ctl.doctor.probes import probe_nvml
-
-    nvml = probe_nvml(DoctorConfig.from_settings(settings))
-    if not nvml.available:
-        return [], nvml.error or "NVML unavailable"
-    gpus = [
-        GpuUse(
-            index=g.index,
-            uuid=g.uuid,
-            name=g.name,
-            memory_used_mib=g.memory_used_mib,
-            processes=tuple((p.pid, p.name, p.used_mib) for p in g.processes),
-        )
-        for g in nvml.gpus
-    ]
-    return gpus, None

@@ -8,6 +8,7 @@
 Attributes are the variable names lower-cased without SM70_. Byte sizes are ints (bytes),
 durations floats (seconds), lists Python lists, paths `Path` (None when an optional path
 is empty), secrets `pydantic.SecretStr` (None when empty; `.get_secret_value()` to use).
+`SettingsView` (typed.py, generated from the schema) is their type for annotations.
 
 The names below load lazily: importing this package (as the CLI does at start-up, for the
 `env` command group) does not build the pydantic model until it is first used.
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from sm70ctl.settings.model import Settings
     from sm70ctl.settings.problems import Problem, SettingsError
     from sm70ctl.settings.schema import Schema, VarSpec, load_schema
+    from sm70ctl.settings.typed import SettingsView
 
 _LAZY = {
     "load_settings": "sm70ctl.settings.loader",
@@ -33,6 +35,7 @@ _LAZY = {
     "Schema": "sm70ctl.settings.schema",
     "VarSpec": "sm70ctl.settings.schema",
     "load_schema": "sm70ctl.settings.schema",
+    "SettingsView": "sm70ctl.settings.typed",
 }
 
 __all__ = [
@@ -40,8 +43,8 @@ __all__ = [
     "Schema",
     "Settings",
     "SettingsError",
+    "SettingsView",
     "VarSpec",
-    "compile_key_items",
     "load_schema",
     "load_settings",
     "sources_of",
@@ -56,9 +59,3 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
-
-def compile_key_items(settings: Any) -> dict[str, str]:
-    """The settings that change compiled kernels, by variable name (the warmup cache key)."""
-    from sm70ctl.launch import compile_key_items as _items
-
-    return _items(settings)

@@ -49,8 +49,9 @@ fails when the two differ). After editing the schema: copy it there, then run
 In code: `from sm70ctl.settings import load_settings`; attributes are the names
 lower-cased without `SM70_`; byte sizes are ints, durations float seconds, lists Python
 lists, empty optional paths `None`, secrets `pydantic.SecretStr` (or `None`).
-`sm70ctl.launch` turns settings into the vLLM argv, environment and plugin configuration;
-`sm70ctl.settings.consumers` into the plan, build, supervisor, doctor and weights inputs.
+Code that takes settings annotates them `SettingsView` (`sm70ctl/settings/typed.py`, generated
+from the schema). `sm70ctl.runtime` turns settings into the vLLM argv, environment and plugin
+configuration; plan, build, serve, doctor and weights read the attributes they need.
 """
 
 def _cell(text: str) -> str:

@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
 
 def run_check(settings: Any, device: str, json_mode: bool) -> int:
     from sm70ctl.output import Output
-    from sm70ctl.warmup.status import cache_status
+    from sm70ctl.runtime.cache_status import cache_status
 
     start = time.perf_counter()
     verdict, comps = cache_status(settings, device, os.environ)

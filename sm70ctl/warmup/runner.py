@@ -27,8 +27,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sm70ctl.warmup.fingerprint import REPO_ROOT, fingerprint, probe_components
-from sm70ctl.warmup.manifest import (
+from sm70ctl.errors import Sm70Error
+from sm70ctl.locking import FileLock
+from sm70ctl.runtime.command_line import base_url, vllm_argv
+from sm70ctl.runtime.environment import child_env, managed_env
+from sm70ctl.runtime.fingerprint import REPO_ROOT, fingerprint, probe_components
+from sm70ctl.runtime.manifest import (
     DONE,
     FAILED,
     NOT_NEEDED,
@@ -39,12 +43,16 @@ from sm70ctl.warmup.manifest import (
     read_manifest,
     write_manifest,
 )
+from sm70ctl.runtime.port_lock import servers_using
+from sm70ctl.runtime.probes import gpu_indices, probe_executable, probe_gpus, probe_model_dir
+from sm70ctl.runtime.server import ServerFailed, ServerLog, ServerProcess, ServerSpec, wait_ready
+from sm70ctl.settings.typed import SettingsView
 
 # Where compiled artefacts land inside an entry; files appearing here during the fresh-process
 # check mean something was compiled again.
 COMPILED_SUBPATHS = ("vllm/torch_compile_cache", "inductor", "triton", "kernels")
 
-_KERNELS_SCRIPT = "from sm70ctl.kernels.loader import load_extension; load_extension(verbose=True)"
+_KERNELS_SCRIPT = "from vllm_patch.ops.loader import load_ops; print(load_ops(verbose=True))"
 
 
 # --- pure decisions ---------------------------------------------------------------------
@@ -133,7 +141,7 @@ class Reporter:
 
 @dataclass
 class RunContext:
-    settings: Any
+    settings: SettingsView
     device: str
     environ: Mapping[str, str]
     reporter: Reporter = field(default_factory=Reporter)
@@ -141,8 +149,6 @@ class RunContext:
 
 
 def _run_kernels(ctx: RunContext, folder: Path) -> Step:
-    from sm70ctl.serve.environment import child_env
-
     s = ctx.settings
     # Like the server's: no SM70_* variable (SM70_HF_TOKEN, SM70_API_KEY) reaches the build.
     env = child_env(ctx.environ, {})
@@ -170,18 +176,14 @@ def _run_kernels(ctx: RunContext, folder: Path) -> Step:
 def _run_vllm(ctx: RunContext, folder: Path, name: str) -> Step:
     """Start vLLM with the caches pointed at `folder`, wait until ready, ask for one
     completion, stop it."""
-    from sm70ctl.serve.environment import child_env
-    from sm70ctl.serve.launching import base_url, managed_env, server_argv
-    from sm70ctl.serve.supervisor import ServerFailed, ServerLog, ServerProcess, ServerSpec
-    from sm70ctl.serve.supervisor import wait_ready as wait
-
     s = ctx.settings
     port = free_port()
     # A private loopback server on a free port: no API key needed, none written anywhere.
     local = _with(s, host="127.0.0.1", port=port, api_key=None)
-    managed = managed_env(local, ctx.device, folder, _indices(local, ctx.device))
+    indices = gpu_indices(local) if ctx.device == "cuda" else None
+    managed = managed_env(local, ctx.device, folder, indices)
     spec = ServerSpec(
-        argv=server_argv(local),
+        argv=vllm_argv(local),
         env=child_env(ctx.environ, managed),
         base_url=base_url(local),
         api_key=None,
@@ -194,7 +196,7 @@ def _run_vllm(ctx: RunContext, folder: Path, name: str) -> Step:
     start = time.monotonic()
     try:
         server.start()
-        took = wait(server, ctx.stop,
+        took = wait_ready(server, ctx.stop,
                     lambda el, last: ctx.reporter.step_tick(name, el, last))
         if took < 0:
             raise KeyboardInterrupt
@@ -258,28 +260,13 @@ def exercise(spec: Any, model: str) -> int:
     return ok
 
 
-def _with(settings: Any, **changes: Any) -> Any:
+def _with(settings: SettingsView, **changes: Any) -> SettingsView:
     if hasattr(settings, "model_copy"):
         return settings.model_copy(update=changes)
     return replace(settings, **changes)
 
 
-def _indices(settings: Any, device: str) -> list[int] | None:
-    if device != "cuda":
-        return None
-    from sm70ctl.serve.preflight import resolve_gpu_entries
-    from sm70ctl.serve.probes import probe_gpus
-
-    gpus, err = probe_gpus(settings)
-    if err:
-        return None
-    idx, problems = resolve_gpu_entries(settings.gpus, gpus)
-    return None if problems else idx
-
-
-def capabilities(settings: Any, device: str) -> Capabilities:
-    from sm70ctl.serve.probes import probe_executable, probe_gpus, probe_model_dir
-
+def capabilities(settings: SettingsView, device: str) -> Capabilities:
     needed = settings.tensor_parallel_size * settings.pipeline_parallel_size
     visible, err = 0, None
     if device == "cuda":
@@ -307,9 +294,6 @@ def _fresh_entry(entry: Path) -> None:
 
 def run_warmup(ctx: RunContext, *, force: bool = False) -> Manifest:
     """The whole warmup under the warmup lock; returns the manifest it wrote."""
-    from sm70ctl.errors import Sm70Error
-    from sm70ctl.serve.lock import FileLock, servers_using
-
     s = ctx.settings
     cache_dir = Path(s.cache_dir).expanduser()
     with FileLock(cache_dir / ".warmup.lock", "sm70ctl warmup", alternative="SM70_CACHE_DIR",

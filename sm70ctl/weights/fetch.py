@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -373,21 +372,22 @@ class _NoBar:
 
 @contextlib.contextmanager
 def folder_lock(folder: Path) -> Iterator[None]:
-    """One fetch per folder at a time (flock, released when the process ends)."""
-    state = folder / STATE_DIR
-    state.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state / "fetch.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    """One fetch per folder at a time (the shared flock, released when the process ends)."""
+    from sm70ctl.locking import FileLock, LockHeldError
+
+    lock = FileLock(folder / STATE_DIR / "fetch.lock", "sm70ctl weights fetch")
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise Sm70Error(
-                f"another `sm70ctl weights fetch` is writing {folder}",
-                hint="wait for it to finish",
-            ) from None
+        lock.acquire()
+    except LockHeldError as exc:
+        raise Sm70Error(
+            f"another `sm70ctl weights fetch` is writing {folder}",
+            hint=f"wait for it to finish (pid {exc.holder.get('pid', 'unknown')} holds "
+                 f"{lock.path})",
+        ) from None
+    try:
         yield
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def _matches_hub(path: Path, remote: RemoteFile) -> tuple[bool, str]:

@@ -234,7 +234,7 @@ def test_zz_sigterm_stops_cleanly(server: Server) -> None:
     assert server.proc.wait(timeout=90) == 0
     assert port_is_free(server.port)
     assert lock_file.read_text() == ""  # released (and the flock is gone with the holder)
-    from sm70ctl.serve.lock import probe_holder
+    from sm70ctl.locking import probe_holder
 
     assert probe_holder(lock_file) is None
     assert "server stopped; port lock released" in server.stderr()

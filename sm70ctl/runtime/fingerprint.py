@@ -26,7 +26,8 @@ import re
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+
+from sm70ctl.settings.typed import SettingsView
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_VERSION = "1"  # bump when the cache layout changes
@@ -120,22 +121,23 @@ def inherited_compile_env(environ: Mapping[str, str], managed: set[str]) -> dict
     }
 
 
-def managed_names(settings: Any) -> set[str]:
+def managed_names(settings: SettingsView) -> set[str]:
     """Names of the variables serve sets itself (their values are settings already)."""
-    from sm70ctl.launch import CACHE_SUBDIRS, vllm_env
+    from sm70ctl.runtime.compile_cache import CACHE_SUBDIRS
+    from sm70ctl.runtime.environment import vllm_env
 
     env = vllm_env(settings, gpu_indices=list(range(len(settings.gpus))))
     return set(env) | set(CACHE_SUBDIRS) | {"VLLM_USE_AOT_COMPILE"}
 
 
 def probe_components(
-    settings: Any,
+    settings: SettingsView,
     device: str,
     *,
     environ: Mapping[str, str] | None = None,
     repo_root: Path = REPO_ROOT,
 ) -> dict[str, str]:
-    from sm70ctl.settings import compile_key_items
+    from sm70ctl.runtime.compile_cache import compile_key_items
 
     versions = serving_versions(settings.serve_python)
     nvrtc = versions.pop("nvrtc", "absent")

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sm70ctl.serve.environment import (
+from sm70ctl.runtime.command_line import base_url, vllm_argv
+from sm70ctl.runtime.cpu_profile import cpu_problems
+from sm70ctl.runtime.environment import (
     MASK,
     child_env,
     is_secret_name,
+    managed_env,
     mask_env,
     unmanaged,
 )
-from sm70ctl.serve.launching import (
-    base_url,
-    cpu_problems,
-    managed_env,
-    secrets_file,
-    server_argv,
-)
+from sm70ctl.runtime.secrets import secrets_file
 from sm70ctl.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +55,7 @@ def test_secrets_file_is_private_and_removed(tmp_path: Path) -> None:
         assert path is not None and path.parent == tmp_path
         assert path.stat().st_mode & 0o777 == 0o600
         assert "sk-abc" in path.read_text()
-        argv = server_argv(s, path)
+        argv = vllm_argv(s, secrets_file=path)
         assert argv[argv.index("--config") + 1] == str(path)
         assert not any("sk-abc" in a for a in argv)
     assert not path.exists()

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from sm70ctl.warmup.fingerprint import fingerprint, probe_components
-from sm70ctl.warmup.manifest import (
+from sm70ctl.runtime.fingerprint import fingerprint, probe_components
+from sm70ctl.runtime.manifest import (
     MANIFEST,
     Verdict,
     assess,
@@ -14,10 +13,11 @@ from sm70ctl.warmup.manifest import (
     other_manifests,
     read_manifest,
 )
+from sm70ctl.settings.typed import SettingsView
 
 
 def cache_status(
-    settings: Any, device: str, environ: Mapping[str, str] | None = None
+    settings: SettingsView, device: str, environ: Mapping[str, str] | None = None
 ) -> tuple[Verdict, dict[str, str]]:
     """The verdict for the current settings (and inherited environment), and the
     fingerprint components it used."""

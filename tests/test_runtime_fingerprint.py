@@ -6,8 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from sm70ctl.settings import load_settings
-from sm70ctl.warmup.fingerprint import (
+from sm70ctl.runtime.fingerprint import (
     cuda_compiler,
     diff_components,
     fingerprint,
@@ -16,7 +15,7 @@ from sm70ctl.warmup.fingerprint import (
     serving_versions,
     tree_digest,
 )
-from sm70ctl.warmup.manifest import (
+from sm70ctl.runtime.manifest import (
     DONE,
     FAILED,
     NOT_NEEDED,
@@ -27,6 +26,7 @@ from sm70ctl.warmup.manifest import (
     read_manifest,
     write_manifest,
 )
+from sm70ctl.settings import load_settings
 
 
 def test_tree_digest_tracks_content_and_names(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""Exclusive file locks (flock) that name their holder: the per-port serve lock, and the
-warmup lock.
+"""The one lock helper: exclusive file locks (flock) that name their holder. Serve's per-port
+lock, the warmup, build, mirror and weights-fetch locks are all this class.
 
 flock is released by the kernel when the holding process dies, however it dies, so a
 crashed supervisor never leaves a stale lock behind. The file itself is never removed
@@ -34,10 +34,6 @@ class LockHeldError(Sm70Error):
 class Holder:
     pid: int | None
     info: dict
-
-
-def port_lock_path(lock_dir: Path, port: int) -> Path:
-    return Path(lock_dir).expanduser() / f"serve-port-{port}.lock"
 
 
 def _read_holder(path: Path) -> dict:
@@ -135,23 +131,6 @@ class FileLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
-
-
-def port_lock(lock_dir: Path, port: int, host: str) -> FileLock:
-    return FileLock(port_lock_path(lock_dir, port), f"sm70ctl serve on port {port}",
-                    alternative="SM70_PORT", folder_setting="SM70_LOCK_DIR", port=port,
-                    host=host)
-
-
-def servers_using(lock_dir: Path, entry: Path) -> list[dict]:
-    """The live `sm70ctl serve` processes whose server runs on the compile-cache `entry`
-    (from the records of the held port locks)."""
-    out = []
-    for path in sorted(Path(lock_dir).expanduser().glob("serve-port-*.lock")):
-        holder = probe_holder(path)
-        if holder is not None and holder.info.get("cache_entry") == str(entry):
-            out.append(holder.info)
-    return out
 
 
 def probe_holder(path: Path) -> Holder | None:

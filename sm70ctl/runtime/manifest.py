@@ -5,7 +5,7 @@ Layout under SM70_CACHE_DIR:
     <fingerprint>/vllm, triton, inductor, kernels   the compile caches
     .warmup.lock                     one warmup at a time
 An entry without a manifest is a warmup in progress (or one killed outright) and counts
-as cold; see runner.py for why entries are built in place.
+as cold; see sm70ctl/warmup/runner.py for why entries are built in place.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sm70ctl.warmup.fingerprint import diff_components
+from sm70ctl.runtime.fingerprint import diff_components
 
 MANIFEST = "manifest.json"
 

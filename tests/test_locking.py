@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from sm70ctl.serve.lock import FileLock, LockHeldError, port_lock, port_lock_path, probe_holder
+from sm70ctl.locking import FileLock, LockHeldError, probe_holder
+from sm70ctl.runtime.port_lock import port_lock, port_lock_path
 
 HOLD = (
-    "import sys, time; from sm70ctl.serve.lock import port_lock;"
+    "import sys, time; from sm70ctl.runtime.port_lock import port_lock;"
     "l = port_lock(sys.argv[1], int(sys.argv[2]), '127.0.0.1').acquire();"
     "print('held', flush=True); time.sleep(60)"
 )

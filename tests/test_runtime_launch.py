@@ -1,4 +1,4 @@
-"""sm70ctl/launch.py: Settings -> vLLM argv, env and plugin configuration."""
+"""sm70ctl/runtime: Settings -> vLLM argv, env, plugin configuration and secrets file."""
 
 from __future__ import annotations
 
@@ -11,16 +11,11 @@ import pytest
 import yaml
 
 from sm70ctl.errors import Sm70Error
-from sm70ctl.launch import (
-    PLUGIN_CONFIG_ENV,
-    compile_fingerprint,
-    plugin_config,
-    redact_argv,
-    secrets_path,
-    secrets_yaml,
-    vllm_argv,
-    vllm_env,
-)
+from sm70ctl.runtime.command_line import redact_argv, vllm_argv
+from sm70ctl.runtime.compile_cache import compile_fingerprint
+from sm70ctl.runtime.environment import vllm_env
+from sm70ctl.runtime.plugin_config import PLUGIN_CONFIG_ENV, plugin_config
+from sm70ctl.runtime.secrets import secrets_path, secrets_yaml
 from sm70ctl.settings import load_settings
 from vllm_patch.config import PluginConfig, resolve_allreduce_mode
 

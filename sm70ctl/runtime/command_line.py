@@ -1,0 +1,132 @@
+"""The vLLM API server's command line, from the settings (pure).
+
+With default settings the argv starts with the reference deployment's command, flag for
+flag and in the same order (FACTS.md), followed by our additions; tests pin it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sm70ctl.runtime.secrets import secrets_path
+from sm70ctl.settings.problems import MASK
+from sm70ctl.settings.typed import SettingsView
+
+VLLM_ENTRYPOINT = "vllm.entrypoints.openai.api_server"
+SECRET_FLAGS = ("--api-key",)
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"))
+
+
+def speculative_config(settings: SettingsView) -> dict[str, Any] | None:
+    """vLLM's --speculative-config, or None when speculation is off."""
+    if settings.spec_method == "none":
+        return None
+    config: dict[str, Any] = {
+        "method": settings.spec_method,
+        "num_speculative_tokens": settings.spec_tokens,
+    }
+    if settings.spec_method == "ngram":
+        config["prompt_lookup_min"] = settings.ngram_min
+        config["prompt_lookup_max"] = settings.ngram_max
+    return config
+
+
+def compilation_config(settings: SettingsView) -> dict[str, Any]:
+    return {
+        "cudagraph_mode": settings.cudagraph_mode,
+        "cudagraph_capture_sizes": sorted(settings.cudagraph_sizes),
+    }
+
+
+def vllm_argv(settings: SettingsView, *, secrets_file: Path | None = None) -> list[str]:
+    """The full command line of the vLLM API server (argv[0] is the serving interpreter).
+
+    The model goes in as `--model`: `python -m vllm.entrypoints.openai.api_server` ignores
+    a positional model (only the `vllm serve` front end reads one) and would try to fetch
+    vLLM's default model instead. The API key never goes on the command line (any local
+    user can read it in `ps`): it goes into `secrets_file`, a 0600 YAML file vLLM reads
+    through `--config` (write it with `secrets_yaml`).
+    """
+    s = settings
+    argv = [str(s.serve_python), "-m", VLLM_ENTRYPOINT, "--model", str(s.model_dir)]
+    # --- the reference deployment, in its order -------------------------------------
+    if s.quantization != "none":
+        argv += ["--quantization", s.quantization]
+    argv += ["--dtype", s.dtype, "--tensor-parallel-size", str(s.tensor_parallel_size)]
+    if not s.custom_allreduce:
+        argv.append("--disable-custom-all-reduce")
+    argv += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
+    if s.kv_cache_bytes > 0:
+        argv += ["--kv-cache-memory-bytes", str(s.kv_cache_bytes)]
+    argv += ["--kv-cache-dtype", s.kv_cache_dtype]
+    argv.append("--enable-prefix-caching" if s.enable_prefix_caching
+                else "--no-enable-prefix-caching")
+    argv += [
+        "--max-model-len", str(s.max_model_len),
+        "--max-num-seqs", str(s.max_num_seqs),
+        "--max-num-batched-tokens", str(s.max_num_batched_tokens),
+        "--limit-mm-per-prompt", _json({"image": s.limit_images, "video": s.limit_videos}),
+    ]
+    if s.enable_auto_tool_choice:
+        argv.append("--enable-auto-tool-choice")
+    argv += ["--tool-call-parser", s.tool_call_parser]
+    if s.reasoning_parser:
+        argv += ["--reasoning-parser", s.reasoning_parser]
+    argv += ["--compilation-config", _json(compilation_config(s))]
+    argv += ["--mamba-cache-mode", s.mamba_cache_mode]
+    spec = speculative_config(s)
+    if spec is not None:  # exactly once: a second copy silently fell back to k=1
+        argv += ["--speculative-config", _json(spec)]
+    # --- our additions ----------------------------------------------------------------
+    argv += [
+        "--host", s.host,
+        "--port", str(s.port),
+        "--served-model-name", s.served_model_name,
+        "--attention-backend", s.attention_backend,
+        "--pipeline-parallel-size", str(s.pipeline_parallel_size),
+        "--long-prefill-token-threshold", str(s.prefill_chunk),
+        "--max-logprobs", str(s.max_logprobs),
+        "--generation-config", s.generation_config,
+    ]
+    if s.block_size:
+        argv += ["--block-size", str(s.block_size)]
+    if s.enforce_eager:
+        argv.append("--enforce-eager")
+    argv.append("--async-scheduling" if s.async_scheduling else "--no-async-scheduling")
+    if s.api_key is not None:
+        argv += ["--config", str(secrets_file or secrets_path(s))]
+    return argv
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """argv safe to print or log: values of secret flags (`--api-key X` or
+    `--api-key=X`) become ***."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        flag, eq, _ = arg.partition("=")
+        if flag in SECRET_FLAGS and eq:
+            out[i] = f"{flag}={MASK}"
+        elif arg in SECRET_FLAGS and i + 1 < len(out):
+            out[i + 1] = MASK
+    return out
+
+
+def shell_line(argv: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def base_url(settings: SettingsView) -> str:
+    """Where the server answers (a wildcard bind address is reached on loopback)."""
+    host = settings.host
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
