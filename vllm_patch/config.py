@@ -117,10 +117,7 @@ class PluginConfig:
 
     @classmethod
     def from_json(cls, text: str) -> PluginConfig:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{ENV_VAR} is not valid JSON: {exc}") from None
+        data = _parse_bounded(text)
         if not isinstance(data, dict):
             raise ValueError(f"{ENV_VAR} must be a JSON object")
         return cls.from_dict(data)
@@ -150,6 +147,44 @@ def resolve_allreduce_mode(mode: str, nvlink: bool | None) -> str:
 
 
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
+
+# The config sm70ctl writes is a few hundred bytes, two levels deep. The bounds keep a
+# damaged or hostile value from overflowing the parser's recursion or memory; the plugin
+# may not import sm70ctl, so this is its own small copy of the bounded-reader rule.
+MAX_JSON_BYTES = 64 * 1024
+MAX_JSON_DEPTH = 8
+
+
+def _parse_bounded(text: str) -> Any:
+    if len(text) > MAX_JSON_BYTES:
+        raise ValueError(f"{ENV_VAR} is {len(text)} characters long (limit {MAX_JSON_BYTES})")
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_JSON_DEPTH:
+                raise ValueError(f"{ENV_VAR} is nested more than {MAX_JSON_DEPTH} levels deep")
+        elif ch in "]}":
+            depth -= 1
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        return json.loads(text, parse_constant=no_constant)
+    except ValueError as exc:  # JSONDecodeError, NaN, a number with thousands of digits
+        raise ValueError(f"{ENV_VAR} is not valid JSON: {exc}") from None
 
 
 def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
