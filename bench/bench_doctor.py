@@ -1,42 +1,30 @@
-"""How long `sm70ctl doctor --json` takes on this machine (target: under 2 s).
+"""How long `sm70ctl doctor --json` takes on this machine (target: median under 1 s).
 
     python bench/bench_doctor.py --runs 7 --out doctor-bench.json
 
 Each run is a fresh process (`python -m sm70ctl doctor --json`), so the figure includes
-interpreter start-up and imports, like a user's. Reported: wall time per run (min,
-median, max) and, from the JSON the doctor prints, the time each probe took (probes run
-concurrently, so the slowest one bounds the total). Every figure is measured in this run,
-on this machine; nothing is projected. Exit codes 0 and 1 both count as a completed run
-(a machine that fails checks still gets a report); anything else aborts the benchmark.
+interpreter start-up and imports, like a user's. Reported: wall and CPU time per run (min,
+median, max), the machine, the date and the load, and, from the JSON the doctor prints, the
+time each probe took (probes run concurrently, so the slowest one bounds the total). Every
+figure is measured in this run, on this machine; nothing is projected. Exit codes 0 and 1
+both count as a completed run (a machine that fails checks still gets a report); anything
+else aborts the benchmark.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from startup_timing import machine, spread, time_runs
+
 ROOT = Path(__file__).resolve().parents[1]
-TARGET_S = 2.0
-
-
-def one_run(extra: list[str]) -> tuple[float, dict]:
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "sm70ctl", "doctor", "--json", *extra],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    wall = time.perf_counter() - start
-    if proc.returncode not in (0, 1):
-        raise SystemExit(f"doctor exited {proc.returncode}:\n{proc.stderr}")
-    return wall, json.loads(proc.stdout)
+TARGET_S = 1.0
 
 
 def main() -> None:
@@ -47,27 +35,24 @@ def main() -> None:
     args = ap.parse_args()
     extra = ["--env-file", args.env_file] if args.env_file else []
 
-    one_run(extra)  # warm the page cache and __pycache__ once; not counted
-    walls, probe_times = [], {}
-    for _ in range(args.runs):
-        wall, report = one_run(extra)
-        walls.append(wall)
-        for name, seconds in report["probes"]["seconds"].items():
+    where = machine()
+    cmd = [sys.executable, "-m", "sm70ctl", "doctor", "--json", *extra]
+    runs = time_runs(cmd, os.environ, args.runs, cwd=ROOT, ok=(0, 1))
+    walls, cpus, probe_times = runs.wall_s, runs.cpu_s, {}
+    for stdout in runs.stdout:
+        for name, seconds in json.loads(stdout)["probes"]["seconds"].items():
             probe_times.setdefault(name, []).append(seconds)
 
     result = {
         "what": "sm70ctl doctor --json, fresh process per run",
         "measured": True,
+        **where,
         "runs": args.runs,
-        "wall_s": {
-            "min": round(min(walls), 3),
-            "median": round(statistics.median(walls), 3),
-            "max": round(max(walls), 3),
-        },
+        "wall_s": spread(walls),
+        "cpu_s": spread(cpus),
         "target_s": TARGET_S,
-        "under_target": max(walls) < TARGET_S,
+        "under_target": statistics.median(walls) < TARGET_S,
         "probe_median_s": {k: round(statistics.median(v), 3) for k, v in probe_times.items()},
-        "python": sys.version.split()[0],
     }
     print(json.dumps(result, indent=2))
     if args.out:
@@ -77,7 +62,8 @@ def main() -> None:
 
     from sm70ctl.output import make_table
 
-    rows = [("total (wall)", *(f"{result['wall_s'][k]:.3f}" for k in ("min", "median", "max")))]
+    rows = [(f"total ({kind})", *(f"{result[key][k]:.3f}" for k in ("min", "median", "max")))
+            for kind, key in (("wall", "wall_s"), ("CPU", "cpu_s"))]
     for name, values in probe_times.items():
         rows.append(
             (
@@ -90,7 +76,8 @@ def main() -> None:
     verdict = "under" if result["under_target"] else "OVER"
     Console(stderr=True).print(
         make_table(
-            f"sm70ctl doctor --json ({args.runs} runs; {verdict} {TARGET_S} s)",
+            f"sm70ctl doctor --json ({args.runs} runs, {where['date']}, {where['cpus']} CPUs, "
+            f"load {where['load_1m_at_start']}; median {verdict} {TARGET_S} s)",
             ["", "min s", "median s", "max s"],
             rows,
         )

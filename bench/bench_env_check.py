@@ -1,12 +1,13 @@
-"""How long `sm70ctl env check` takes (target: under 0.5 s), and where the time goes.
+"""How long `sm70ctl env check` takes (target: median under 0.5 s), and where the time goes.
 
 Measures, on this machine:
-  - `sm70ctl env check` as a fresh process (what a user waits for), N runs;
+  - `sm70ctl env check` as a fresh process (what a user waits for), N runs, wall and CPU;
   - the same with an .env file and a dozen variables set;
-  - in-process: schema parse, pydantic model build, one load_settings() call.
-Prints a rich table, then one JSON document on the last line of stdout.
+  - in-process: schema load, pydantic model build, one load_settings() call.
+Prints a table on stderr, then one JSON document on the last line of stdout. Where the
+import time goes: `python -X importtime -m sm70ctl env check`.
 
-    python bench/bench_env_check.py --runs 10
+    python bench/bench_env_check.py --runs 20
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from startup_timing import machine, spread, time_runs
 
 TARGET_S = 0.5
 CHECK = [sys.executable, "-m", "sm70ctl", "env", "check"]
@@ -34,17 +37,6 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.upper().startswith("SM70_")}
 
 
-def time_process(cmd: list[str], env: dict[str, str], runs: int) -> list[float]:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        times.append(time.perf_counter() - start)
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stdout}{done.stderr}")
-    return times
-
-
 def in_process() -> dict[str, float]:
     code = (
         "import time; t0=time.perf_counter();"
@@ -56,43 +48,49 @@ def in_process() -> dict[str, float]:
     )
     out = subprocess.run([sys.executable, "-c", code], env=_clean_env(), capture_output=True,
                          text=True, check=True).stdout.split()
-    keys = ("schema_parse_s", "model_build_s", "first_load_s", "second_load_s")
+    keys = ("schema_load_s", "model_build_s", "first_load_s", "second_load_s")
     return dict(zip(keys, (float(x) for x in out), strict=True))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
 
+    where = machine()
     env = _clean_env()
-    plain = time_process(CHECK, env, args.runs)
+    plain = time_runs(CHECK, env, args.runs)
     with tempfile.TemporaryDirectory() as tmp:
         env_file = Path(tmp) / "prod.env"
         env_file.write_text("".join(f"{k}={v}\n" for k, v in SOME.items()))
-        with_file = time_process([*CHECK, "--env-file", str(env_file)],
-                                 {**env, "SM70_PORT": "8200"}, args.runs)
+        with_file = time_runs([*CHECK, "--env-file", str(env_file)],
+                              {**env, "SM70_PORT": "8200"}, args.runs)
     parts = in_process()
+    median = statistics.median(plain.wall_s)
     result = {
-        "machine": f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}",
+        "what": "sm70ctl env check, fresh process per run",
+        "measured": True,
+        **where,
         "runs": args.runs,
-        "env_check_median_s": round(statistics.median(plain), 4),
-        "env_check_max_s": round(max(plain), 4),
-        "env_check_env_file_median_s": round(statistics.median(with_file), 4),
+        "wall_s": spread(plain.wall_s),
+        "cpu_s": spread(plain.cpu_s),
+        "env_file_wall_s": spread(with_file.wall_s),
         **{k: round(v, 4) for k, v in parts.items()},
         "target_s": TARGET_S,
-        "within_target": statistics.median(plain) < TARGET_S,
+        "within_target": median < TARGET_S,
     }
     try:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title="sm70ctl env check (measured here)")
-        table.add_column("measure")
-        table.add_column("seconds", justify="right")
-        for key, value in result.items():
-            if key.endswith("_s"):
-                table.add_row(key, f"{value:.4f}")
+        table = Table(title=f"sm70ctl env check ({args.runs} runs, {where['date']}, "
+                            f"{where['cpus']} CPUs, load {where['load_1m_at_start']})")
+        for col in ("measure", "min s", "median s", "max s"):
+            table.add_column(col, justify="right" if col != "measure" else "left")
+        for key in ("wall_s", "cpu_s", "env_file_wall_s"):
+            table.add_row(key, *(f"{result[key][k]:.3f}" for k in ("min", "median", "max")))
+        for key in parts:
+            table.add_row(key, "", f"{result[key]:.4f}", "")
         Console(stderr=True).print(table)
     except ImportError:
         pass
