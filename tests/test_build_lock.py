@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from sm70ctl.build.lock import LockError, load_lock, packaged_lock_path, parse_lock, tree_hash
+from sm70ctl.errors import Sm70Error
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,15 +109,78 @@ def test_tree_hash_depends_on_content_and_names_only(tmp_path: Path) -> None:
     assert tree_hash(tmp_path) != h1
 
 
+def _lock_with_csrc(tmp_path: Path, extra: str = "") -> Path:
+    lock = tmp_path / "l.toml"
+    lock.write_text(MINIMAL + '[[local]]\nname = "csrc"\npath = "csrc"\nhash = "' + "0" * 64
+                    + '"\n' + extra)
+    return lock
+
+
 def test_relock_updates_local_hash_atomically(tmp_path: Path) -> None:
     from sm70ctl.build.lock import relock_local
 
-    (tmp_path / "csrc").mkdir()
-    (tmp_path / "csrc" / "k.cuh").write_text("kernel")
-    lock = tmp_path / "l.toml"
-    lock.write_text(MINIMAL + '[[local]]\nname = "csrc"\npath = "csrc"\nhash = "' + "0" * 64
-                    + '"\n')
-    changed = relock_local(lock, tmp_path)
-    assert changed["csrc"][1] == tree_hash(tmp_path / "csrc")
-    assert load_lock(lock).local[0].hash == tree_hash(tmp_path / "csrc")
-    assert relock_local(lock, tmp_path) == {}
+    csrc = tmp_path / "elsewhere" / "csrc"  # the kernel sources are where they are found
+    (csrc / "torch_bindings").mkdir(parents=True)
+    (csrc / "torch_bindings" / "k.cu").write_text("kernel")
+    lock = _lock_with_csrc(tmp_path)
+    changed = relock_local(lock, tmp_path, csrc)
+    assert changed["csrc"][1] == tree_hash(csrc)
+    assert load_lock(lock).local[0].hash == tree_hash(csrc)
+    assert relock_local(lock, tmp_path, csrc) == {}
+
+
+@pytest.mark.parametrize("state", ["missing", "empty", "only a cache"])
+def test_relock_never_writes_the_hash_of_nothing(tmp_path: Path, state: str) -> None:
+    # `pip install .` once left csrc/ behind; --relock then hashed the empty folder
+    from sm70ctl.build.lock import relock_local
+
+    csrc = tmp_path / "csrc"
+    if state != "missing":
+        csrc.mkdir()
+    if state == "only a cache":
+        (csrc / "__pycache__").mkdir()
+        (csrc / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    lock = _lock_with_csrc(tmp_path)
+    before = lock.read_text()
+    with pytest.raises(Sm70Error, match=r"cannot hash the kernel sources: .*csrc is missing or "
+                                        r"empty"):
+        relock_local(lock, tmp_path, csrc)
+    assert lock.read_text() == before
+
+
+def test_relock_refuses_an_empty_other_local_tree(tmp_path: Path) -> None:
+    from sm70ctl.build.lock import relock_local
+
+    csrc = tmp_path / "csrc"
+    (csrc / "torch_bindings").mkdir(parents=True)
+    (csrc / "torch_bindings" / "k.cu").write_text("kernel")
+    (tmp_path / "tools").mkdir()
+    lock = _lock_with_csrc(tmp_path, '[[local]]\nname = "tools"\npath = "tools"\nhash = "'
+                           + "1" * 64 + '"\n')
+    before = lock.read_text()
+    with pytest.raises(LockError, match=r"\[\[local\]\] tools: .*tools is missing or has no "
+                                        r"files"):
+        relock_local(lock, tmp_path, csrc)
+    assert lock.read_text() == before  # csrc's new hash was not written either
+
+
+def test_the_rule_is_the_ops_loaders() -> None:
+    # one rule: the lock's hash of csrc/ is vllm_patch.ops.sources.source_hash
+    from sm70ctl.build.local_sources import kernel_sources_dir, kernel_sources_hash
+    from vllm_patch.ops.sources import source_hash
+
+    assert kernel_sources_hash(kernel_sources_dir()) == source_hash()
+    assert source_hash(ROOT / "csrc") == tree_hash(ROOT / "csrc")
+
+
+def test_committed_lock_matches_the_tree() -> None:
+    """The shipped lock's local hashes are the tree's: a change to csrc/ without
+    `sm70ctl build --relock` fails here (23 csrc commits once went unnoticed)."""
+    from sm70ctl.build.local_sources import kernel_sources_dir, local_state
+    from sm70ctl.build.lock import project_root
+
+    rows = local_state(load_lock(), project_root(), kernel_sources_dir())
+    assert rows and {r["name"] for r in rows} >= {"csrc"}
+    drift = [f"{r['name']}: locked {r['locked'][:12]}, tree {r['now'][:12]}" for r in rows
+             if r["drift"]]
+    assert not drift, f"the committed lock drifts ({drift}): run `sm70ctl build --relock`"

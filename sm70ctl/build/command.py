@@ -53,6 +53,7 @@ def _settings(env_file: Path | None) -> Any:
 
 def _config(settings: Any, *, mirror: Path | None, offline: bool, stop_after: str,
             patches: Path | None = None):
+    from sm70ctl.build.local_sources import kernel_sources_dir
     from sm70ctl.build.lock import project_root
     from sm70ctl.build.patches import list_series, series_dir
     from sm70ctl.build.plan import STAGES, BuildConfig
@@ -72,6 +73,7 @@ def _config(settings: Any, *, mirror: Path | None, offline: bool, stop_after: st
                            "~/.cache/sm70ctl/serve-env/bin/python"),
         project_root=project_root(),
         series=tuple(list_series(patches or series_dir())),
+        csrc_dir=kernel_sources_dir(),
         mirror_dir=Path(os.path.expanduser(str(mirror_dir))) if mirror_dir else None,
         offline=offline,
         cuda_home=str(getattr(settings, "cuda_home", "") or ""),
@@ -120,10 +122,11 @@ def build(
 
     out = Output(json_out)
     if relock:
+        from sm70ctl.build.local_sources import kernel_sources_dir
         from sm70ctl.build.lock import project_root
 
         path = lock or packaged_lock_path()
-        changed = relock_local(path, project_root())
+        changed = relock_local(path, project_root(), kernel_sources_dir())
         data = {"lock": str(path), "changed": {k: {"old": o, "new": n}
                                                 for k, (o, n) in changed.items()}}
         out.emit(data, lambda c: c.print(

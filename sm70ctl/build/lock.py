@@ -359,18 +359,22 @@ def tree_hash(root: Path, globs: tuple[str, ...] = ("**/*",)) -> str:
     return h.hexdigest()
 
 
-def relock_local(path: Path, root: Path) -> dict[str, tuple[str, str]]:
+def relock_local(path: Path, root: Path, csrc: Path) -> dict[str, tuple[str, str]]:
     """Rewrite the `hash` of every [[local]] entry to the current content; atomic.
 
-    Returns {name: (old, new)} for the entries that changed.
+    `root` holds the local trees, `csrc` is the kernel sources' folder (see
+    `local_sources`). A source that is missing or empty raises before anything is written:
+    the hash of an empty folder is never recorded. Returns {name: (old, new)} for the
+    entries that changed.
     """
+    from sm70ctl.build.local_sources import local_hash
     from sm70ctl.fsutil import atomic_write_text
 
     text = path.read_text(encoding="utf-8")
     lock = parse_lock(text, path)
     changed: dict[str, tuple[str, str]] = {}
     for src in lock.local:
-        new = tree_hash(root / src.path, src.globs)
+        new = local_hash(src, root, csrc)
         if new != src.hash:
             changed[src.name] = (src.hash, new)
             text = text.replace(f'hash = "{src.hash}"', f'hash = "{new}"', 1)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sm70ctl.build import kernels as kernel_list
+from sm70ctl.build.local_sources import kernel_sources_dir, kernel_sources_hash
 from sm70ctl.build.lock import Lock, tree_hash
 from sm70ctl.build.mirror import Locator, fetch_file
 from sm70ctl.build.patches import Patch, apply_series
@@ -43,7 +44,7 @@ EXTERNAL_SRC_ENV = {
 class BuildConfig:
     build_dir: Path
     serve_python: Path
-    project_root: Path  # holds csrc/ and vllm_patch/
+    project_root: Path  # holds vllm_patch/ (and, in a checkout, pyproject.toml)
     series: tuple[Patch, ...]
     mirror_dir: Path | None = None
     offline: bool = False
@@ -54,6 +55,11 @@ class BuildConfig:
     host_cc: str = ""
     stop_after: str = "install"
     extra: dict[str, Any] = field(default_factory=dict)
+    csrc_dir: Path | None = None  # the kernel sources; None: where the ops loader finds them
+
+    @property
+    def csrc(self) -> Path:
+        return self.csrc_dir if self.csrc_dir is not None else kernel_sources_dir()
 
     @property
     def steps_dir(self) -> Path:
@@ -185,7 +191,7 @@ def build_steps(lock: Lock, cfg: BuildConfig, probe: ToolchainProbe) -> list[Ste
         return steps
 
     # --- compile: our csrc kernels and the patched vLLM ---------------------------------
-    csrc = cfg.project_root / "csrc"
+    csrc = cfg.csrc
     tc_inputs = toolchain_inputs(probe)
 
     def ensure_toolchain() -> None:
@@ -198,16 +204,14 @@ def build_steps(lock: Lock, cfg: BuildConfig, probe: ToolchainProbe) -> list[Ste
     def run_kernels(ctx: StepContext) -> None:
         ensure_toolchain()
         script = Path(__file__).with_name("compile_kernels.py")
-        cmd = [serve_py, str(script), "--out", str(ctx.out)]
-        cmd += [f"--source={p}" for p in kernel_list.binding_sources(csrc)]
-        cmd += [f"--include={p}" for p in kernel_list.include_dirs(csrc)]
+        cmd = [serve_py, str(script), "--csrc", str(csrc), "--out", str(ctx.out)]
         _run_logged(cmd, _compile_env(cfg, probe), ctx, "compiling csrc/ kernels")
 
     kernel_files = [p.relative_to(csrc).as_posix() for p in
                     kernel_list.kernel_sources(csrc) + kernel_list.binding_sources(csrc)]
     steps.append(Step(
         "compile-kernels", "compile", f"csrc/ ({len(kernel_files)} files) for {_sm(cfg)}",
-        {"csrc": tree_hash(csrc), "files": kernel_files, "arch": cfg.cuda_arch_list,
+        {"csrc": kernel_sources_hash(csrc), "files": kernel_files, "arch": cfg.cuda_arch_list,
          "toolchain": tc_inputs},
         run_kernels, deps=("serve-env",),
     ))
@@ -238,6 +242,12 @@ def build_steps(lock: Lock, cfg: BuildConfig, probe: ToolchainProbe) -> list[Ste
 
     # --- install: the built wheels, our plugin and kernels into the serving env ----------
     def run_install(ctx: StepContext) -> None:
+        if not (cfg.project_root / "pyproject.toml").is_file():
+            # a wheel install has the packages but not the project pip installs them from
+            raise StepError(
+                f"no sm70ctl source tree at {cfg.project_root} to install into {serve_py}",
+                hint="run `sm70ctl build` from a checkout (pip install -e .), or install the "
+                     "sm70ctl wheel into the serving interpreter yourself")
         built = [str(p) for d in ctx.deps.values() for p in d.glob("*.whl")]
         env = _env(cfg)
         if built:

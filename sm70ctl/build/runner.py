@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sm70ctl.build.lock import Lock, tree_hash
+from sm70ctl.build.local_sources import local_state
+from sm70ctl.build.lock import Lock
 from sm70ctl.build.mirror import MirrorError, require_complete
 from sm70ctl.build.plan import BuildConfig, build_steps
 from sm70ctl.build.steps import Planned, Store, plan_steps, run_steps
@@ -19,14 +20,9 @@ def _probe(cfg: BuildConfig, lock: Lock) -> ToolchainProbe:
     return probe_toolchain(cfg.cuda_home, cfg.host_cc)
 
 
-def local_drift(lock: Lock, root: Path) -> list[dict[str, str]]:
+def local_drift(lock: Lock, cfg: BuildConfig) -> list[dict[str, Any]]:
     """Local sources whose content differs from the hash the lock records."""
-    out = []
-    for src in lock.local:
-        now = tree_hash(root / src.path, src.globs)
-        if now != src.hash:
-            out.append({"name": src.name, "locked": src.hash, "now": now})
-    return out
+    return [d for d in local_state(lock, cfg.project_root, cfg.csrc) if d["drift"]]
 
 
 def _plan(lock: Lock, cfg: BuildConfig, probe: ToolchainProbe) -> list[Planned]:
@@ -45,7 +41,9 @@ def dry_run_data(lock: Lock, cfg: BuildConfig) -> dict[str, Any]:
         "build_dir": str(cfg.build_dir),
         "inputs": [{"kind": k, "name": n, "id": i} for k, n, i in lock.items()],
         "patches": [{"name": p.name, "sha256": p.sha256} for p in cfg.series],
-        "local_drift": local_drift(lock, cfg.project_root),
+        # where each local source was found and its hash now, drifted or not
+        "local": local_state(lock, cfg.project_root, cfg.csrc),
+        "local_drift": local_drift(lock, cfg),
         "toolchain": {
             "nvcc": probe.nvcc or None,
             "nvcc_release": probe.nvcc_release or None,
@@ -69,6 +67,10 @@ def render_plan(console: Any, data: dict[str, Any]) -> None:
     if data["patches"]:
         console.print(make_table("patch series", ["patch", "sha256"],
                                  [(p["name"], p["sha256"][:16]) for p in data["patches"]]))
+    for d in data["local"]:
+        console.print(f"local source {d['name']}: {d['path']} content {d['now'][:12]}"
+                      + (f" (the lock has {d['locked'][:12]})" if d["drift"] else
+                         " (as locked)"), markup=False, highlight=False)
     for d in data["local_drift"]:
         console.print(f"note: {d['name']}/ changed since the lock was written "
                       f"({d['locked'][:12]} -> {d['now'][:12]}); `sm70ctl build --relock`")
@@ -135,7 +137,7 @@ def _run_build(lock: Lock, cfg: BuildConfig, out: Any) -> dict[str, Any]:
             hint="set SM70_CUDA_HOME to a CUDA 12.8 toolkit and SM70_HOST_CC to gcc 11.4-14; "
                  "`--stop-after patch` fetches, verifies and patches without compiling",
         )
-    for d in local_drift(lock, cfg.project_root):
+    for d in local_drift(lock, cfg):
         out.warn(f"{d['name']}/ differs from the lock ({d['locked'][:12]} -> {d['now'][:12]}); "
                  "the build uses the working tree; `sm70ctl build --relock` records it")
     if not todo:
