@@ -35,9 +35,11 @@ def main() -> None:
     table = torch.randperm(nb, device="cuda").int()[None]
     seq = torch.tensor([ctx], dtype=torch.int32, device="cuda")
     q = torch.randn(1, 12, 256, device="cuda").half()
-    splits = ref.decode_num_splits(ctx, 1, 2, 132, max_splits=256, ctas_per_sm=4)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    blocks = int(torch.ops.sm70.paged_decode_blocks_per_sm(1))
+    splits = ref.decode_num_splits(ctx, 1, 2, sms, max_splits=256, ctas_per_sm=blocks)
     for _ in range(3):
-        torch.ops.sm70.paged_decode(q, kc, vc, ks, vs, table, seq, 1, 0.0625, splits, 0)
+        torch.ops.sm70.paged_decode(q, kc, vc, ks, vs, table, seq, 1, 0.0625, splits)
     torch.cuda.synchronize()
 
 

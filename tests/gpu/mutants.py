@@ -1,0 +1,328 @@
+"""Prove the GPU tests catch the bugs they are meant to: build mutated copies of the ops
+library (each from a copy of csrc/ with one bug written into the kernel source) and run the
+tests aimed at that bug against each; every such test must fail, and a control test the
+mutation does not touch must pass (so a failure is the bug's, not a broken build's).
+
+    python3 tests/gpu/mutants.py [--only NAME ...] [--build-only | --run-only] [--out FILE]
+
+Test-side only: the production code path never sees a mutant (the copies live under
+$SM70_MUTANTS_DIR, default /tmp/sm70_mutants, and each runs in its own process, which loads
+the mutated library before the tests ask the loader for the ops). Exit status 0 when every
+mutant was killed and every control passed; the JSON summary goes to --out.
+A mutation whose source text is no longer found is an error: update MUTANTS with the kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+GEMV = "tests/gpu/test_gemv_gpu.py"
+ATTN = "tests/gpu/test_attention_gpu.py"
+KV_CONTROL = (ATTN, "test_kv_int8_write", {"block_size": 16})
+
+
+@dataclass(frozen=True)
+class Edit:
+    path: str  # under csrc/
+    pattern: str  # a regular expression
+    replacement: str
+    count: int  # how many matches the mutation expects (else the source moved on)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    what: str
+    edits: tuple[Edit, ...]
+    # (test file, test function, parameters the test's callspec must have)
+    expect_fail: tuple[tuple[str, str, dict], ...]
+    expect_pass: tuple[tuple[str, str, dict], ...] = field(default=(KV_CONTROL,))
+
+
+TC_MMA = (r"(mma_m(?:16n8k16|8n8k4)\(\*reinterpret_cast<float\(\*\)\[(\d)\]>"
+          r"\(cc\[j % CH\]\), (?:a|az), b\);)")
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "gemv-zero-point-plus-one",
+        "every GEMV kernel subtracts zero + 1 (an off-by-one zero point: the v1 offset "
+        "applied twice)",
+        (
+            Edit("gemv/tensor_core.cuh",
+                 r"__hneg\(__hadd\(__high2half\(st\.s\[i\]\), __float2half\(1024\.f\)\)\)",
+                 "__hneg(__hadd(__high2half(st.s[i]), __float2half(1025.f)))", 1),
+            Edit("gemv/gemv_common.cuh",
+                 r"__hmul\(__hadd\(__high2half\(s\), __float2half\(1024\.f\)\),",
+                 "__hmul(__hadd(__high2half(s), __float2half(1025.f)),", 1),
+            Edit("gemv/classic.cuh", r"8388608\.f \+ __high2float\(s\[u\]\[r\]\)",
+                 "8388609.f + __high2float(s[u][r])", 1),
+        ),
+        (
+            (GEMV, "test_gemv_model_shapes", {"name": "qkv_proj", "m": 1}),
+            (GEMV, "test_gemv_model_shapes", {"name": "qkv_proj", "m": 4, "arch": "native"}),
+            (GEMV, "test_gemv_model_shapes", {"name": "down_proj", "m": 8, "arch": "sm70"}),
+            (GEMV, "test_gemv_lm_head_full_vocab_slice", {"m": 1}),
+            (GEMV, "test_gemv_lm_head_full_vocab_slice", {"m": 5, "arch": "native"}),
+            (GEMV, "test_gemv_lm_head_full_vocab_slice", {"m": 8, "arch": "sm70"}),
+            (GEMV, "test_gemv_tensor_core_edges", {"arch": "native"}),
+            (GEMV, "test_gemv_small_n_and_k_tails", {"n": 130}),
+        ),
+    ),
+    Mutant(
+        "gemv-tensor-core-fp16-accumulation",
+        "the tensor-core GEMV rounds its unit accumulators to fp16 after every mma (an fp16 "
+        "instead of an fp32 accumulator)",
+        (Edit("gemv/tensor_core.cuh", TC_MMA,
+              r"\1 for (int r_ = 0; r_ < \2; ++r_) "
+              r"cc[j % CH][r_] = __half2float(__float2half_rn(cc[j % CH][r_]));", 4),),
+        (
+            (GEMV, "test_gemv_model_shapes", {"name": "qkv_proj", "m": 4, "arch": "native"}),
+            (GEMV, "test_gemv_model_shapes", {"name": "o_proj", "m": 8, "arch": "native"}),
+            (GEMV, "test_gemv_model_shapes", {"name": "gate_up_proj", "m": 2, "arch": "sm70"}),
+            (GEMV, "test_gemv_lm_head_full_vocab_slice", {"m": 2, "arch": "native"}),
+            (GEMV, "test_gemv_lm_head_full_vocab_slice", {"m": 8, "arch": "sm70"}),
+            (GEMV, "test_gemv_tensor_core_edges", {"arch": "native"}),
+            (GEMV, "test_gemv_tensor_core_edges", {"arch": "sm70"}),
+        ),
+        (
+            (GEMV, "test_gemv_model_shapes", {"name": "qkv_proj", "m": 1}),
+            (GEMV, "test_gemv_small_n_and_k_tails", {"n": 17}),
+        ),
+    ),
+    Mutant(
+        "decode-mask-off-by-one",
+        "paged decode's causal limit one key short (each query row loses its newest key)",
+        (Edit("attention/paged_decode_kernel.cuh",
+              r"ctx - QN \+ \(sm_row % QN\)\)", "ctx - QN + (sm_row % QN) - 1)", 1),),
+        (
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [37], "qn": 1, "arch": "native"}),
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [1000], "qn": 3, "arch": "sm70"}),
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [40000], "qn": 4, "arch": "native"}),
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [4097, 600, 33], "arch": "sm70"}),
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [262144], "qn": 1, "arch": "native"}),
+        ),
+    ),
+    Mutant(
+        "decode-zero-output",
+        "paged decode writes zeros (its normalisation factor is 0)",
+        (Edit("attention/paged_decode_kernel.cuh",
+              r"const float inv = lsum > 0\.f \? 1\.f / lsum : 0\.f;", "const float inv = 0.f;",
+              1),),
+        (
+            (ATTN, "test_paged_decode_262k", {"qn": 1, "arch": "native"}),
+            (ATTN, "test_paged_decode_262k", {"qn": 4, "arch": "sm70"}),
+            (ATTN, "test_paged_decode", {"ctxs": [40000, 3, 900], "arch": "native"}),
+        ),
+    ),
+    Mutant(
+        "decode-tail-tokens-skipped",
+        "paged decode (one sequence) never reads its last 4 tokens",
+        (Edit("attention/paged_decode_kernel.cuh",
+              r"w\.t_end = min\(w\.ctx, w\.t_begin \+ per_split\);",
+              "w.t_end = min(w.ctx - 4, w.t_begin + per_split);", 1),),
+        (
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [40000], "qn": 1, "arch": "native"}),
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [262144], "qn": 4, "arch": "sm70"}),
+        ),
+    ),
+)
+
+
+def work_dir() -> Path:
+    return Path(os.environ.get("SM70_MUTANTS_DIR", "/tmp/sm70_mutants"))
+
+
+def apply_edits(csrc: Path, edits: tuple[Edit, ...]) -> None:
+    for e in edits:
+        path = csrc / e.path
+        text = path.read_text()
+        new, n = re.subn(e.pattern, e.replacement, text)
+        if n != e.count:
+            raise SystemExit(f"mutation {e.pattern!r} matched {n} times in {e.path}, "
+                             f"expected {e.count}: update tests/gpu/mutants.py")
+        path.write_text(new)
+
+
+def prepare(m: Mutant) -> Path:
+    from vllm_patch.ops import sources
+
+    base = work_dir() / m.name
+    shutil.rmtree(base / "csrc", ignore_errors=True)
+    shutil.copytree(sources.csrc_dir(), base / "csrc",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    apply_edits(base / "csrc", m.edits)
+    return base
+
+
+BUILD = ("import sys; from pathlib import Path; from vllm_patch.ops import build; "
+         "print(build.build_library(Path(sys.argv[1]), Path(sys.argv[2])))")
+
+
+def build_all(mutants: list[Mutant], jobs: int) -> dict[str, str]:
+    """Build every mutant's library at once (one process each); returns name -> error."""
+    procs = {}
+    for m in mutants:
+        base = prepare(m)
+        shutil.rmtree(base / "lib", ignore_errors=True)
+        env = {**os.environ, "MAX_JOBS": str(jobs), "PYTHONPATH": str(ROOT)}
+        log = open(base / "build.log", "w")  # noqa: SIM115 (closed when the build ends)
+        procs[m.name] = (subprocess.Popen(
+            [sys.executable, "-c", BUILD, str(base / "lib"), str(base / "csrc")],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT), log)
+    errors = {}
+    for name, (proc, log) in procs.items():
+        rc = proc.wait()
+        log.close()
+        if rc != 0:
+            tail = (work_dir() / name / "build.log").read_text().splitlines()[-15:]
+            errors[name] = f"build failed (rc {rc}): " + " | ".join(tail)
+    return errors
+
+
+def library(m: Mutant) -> Path | None:
+    libs = sorted((work_dir() / m.name / "lib").glob("sm70_ops_*.so"))
+    return libs[0] if len(libs) == 1 else None
+
+
+class Select:
+    """pytest plugin: keep the items a mutant names; record each one's outcome."""
+
+    def __init__(self, specs: list[tuple[str, str, dict]]) -> None:
+        self.specs = specs
+        self.outcome: dict[str, str] = {}
+        self.spec_of: dict[str, int] = {}
+
+    def _match(self, item) -> int | None:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        for i, (path, func, want) in enumerate(self.specs):
+            if (item.path.as_posix().endswith(path) and item.originalname == func
+                    and all(params.get(k) == v for k, v in want.items())):
+                return i
+        return None
+
+    def pytest_collection_modifyitems(self, session, config, items) -> None:
+        keep = []
+        for item in items:
+            i = self._match(item)
+            if i is not None:
+                keep.append(item)
+                self.spec_of[item.nodeid] = i
+        items[:] = keep
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.failed or (report.when == "call" and report.nodeid not in self.outcome):
+            self.outcome[report.nodeid] = report.outcome
+        elif report.skipped:
+            self.outcome.setdefault(report.nodeid, "skipped")
+
+
+def run_child(name: str, lib: Path) -> int:
+    """In a fresh process: load the mutated library, run the mutant's tests, print JSON."""
+    import pytest
+    import torch
+
+    torch.ops.load_library(str(lib))
+    from gpu_common import arch_paths
+
+    m = next(x for x in MUTANTS if x.name == name)
+    paths = set(arch_paths())
+    specs = [s for s in (*m.expect_fail, *m.expect_pass)
+             if s[2].get("arch", "native") in paths]
+    plugin = Select(specs)
+    files = sorted({s[0] for s in specs})
+    rc = pytest.main(["-q", "-p", "no:cacheprovider", "--noconftest", "-m", "gpu", *files],
+                     plugins=[plugin])
+    by_spec: dict[int, list[str]] = {}
+    for node, i in plugin.spec_of.items():
+        by_spec.setdefault(i, []).append(plugin.outcome.get(node, "not run"))
+    nfail = len([s for s in m.expect_fail if s in specs])
+    result = []
+    for i, (path, func, want) in enumerate(specs):
+        outcomes = by_spec.get(i, [])
+        expected = "failed" if i < nfail else "passed"
+        ok = bool(outcomes) and all(o == expected for o in outcomes)
+        result.append({"test": f"{Path(path).name}::{func}", "params": want,
+                       "expected": expected, "outcomes": outcomes, "ok": ok})
+    print("MUTANT-RESULT " + json.dumps({"pytest_rc": int(rc), "checks": result}), flush=True)
+    return 0
+
+
+def run_all(mutants: list[Mutant], build_errors: dict[str, str]) -> list[dict]:
+    summary = []
+    for m in mutants:
+        entry = {"mutant": m.name, "what": m.what}
+        lib = library(m)
+        if m.name in build_errors or lib is None:
+            error = build_errors.get(m.name, f"no library built in {work_dir() / m.name}")
+            summary.append({**entry, "ok": False, "error": error})
+            continue
+        start = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__)), "--child", m.name, str(lib)],
+            capture_output=True, text=True, timeout=1800, check=False, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'gpu'}"})
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("MUTANT-RESULT ")]
+        if not lines:
+            summary.append({**entry, "ok": False,
+                            "error": (proc.stdout + proc.stderr)[-3000:]})
+            continue
+        res = json.loads(lines[-1].removeprefix("MUTANT-RESULT "))
+        ok = bool(res["checks"]) and all(c["ok"] for c in res["checks"])
+        summary.append({**entry, "ok": ok, "seconds": round(time.monotonic() - start, 1),
+                        **res, **({} if ok else {"log_tail": proc.stdout[-4000:]})})
+        print(f"{m.name}: {'killed' if ok else 'NOT KILLED / control failed'}", flush=True)
+    return summary
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", default=None, help="mutant names (default: all)")
+    ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--run-only", action="store_true", help="reuse the libraries built before")
+    ap.add_argument("--jobs", type=int, default=4, help="compile jobs per mutant build")
+    ap.add_argument("--out", type=Path, default=None, help="JSON summary")
+    ap.add_argument("--child", nargs=2, metavar=("NAME", "LIB"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return run_child(args.child[0], Path(args.child[1]))
+    names = {m.name for m in MUTANTS}
+    unknown = sorted(set(args.only or ()) - names)
+    if unknown:
+        ap.error(f"unknown mutant {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+    mutants = [m for m in MUTANTS if args.only is None or m.name in args.only]
+    errors: dict[str, str] = {}
+    if not args.run_only:
+        errors = build_all(mutants, args.jobs)
+        for name, err in errors.items():
+            print(f"{name}: {err}", flush=True)
+        if args.build_only:
+            return 1 if errors else 0
+    summary = run_all(mutants, errors)
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    killed = sum(s["ok"] for s in summary)
+    print(f"mutants: {killed} of {len(summary)} killed with their controls passing", flush=True)
+    return 0 if killed == len(summary) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
