@@ -14,6 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from sm70ctl.options import EnvFileOpt, JsonOpt
+from sm70ctl.settings.typed import SettingsView
 
 LockOpt = Annotated[
     Optional[Path],  # noqa: UP045 - Typer 0.25 needs Optional on Python 3.10
@@ -51,7 +52,7 @@ def _settings(env_file: Path | None) -> Any:
     return load_settings(env_file=env_file)
 
 
-def _config(settings: Any, *, mirror: Path | None, offline: bool, stop_after: str,
+def _config(settings: SettingsView, *, mirror: Path | None, offline: bool, stop_after: str,
             patches: Path | None = None):
     from sm70ctl.build.local_sources import kernel_sources_dir
     from sm70ctl.build.lock import project_root

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sm70ctl.settings.typed import SettingsView
 
 MIB = 1024 * 1024
 GB = 1000**3
@@ -38,7 +41,7 @@ class DoctorConfig:
     host_cc: str | None = None
 
     @classmethod
-    def from_settings(cls, settings: Any) -> DoctorConfig:
+    def from_settings(cls, settings: SettingsView) -> DoctorConfig:
         """Take the seven settings the doctor reads from a `Settings` object."""
         gpus = settings.gpus
         if isinstance(gpus, str):

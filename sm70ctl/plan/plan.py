@@ -23,6 +23,7 @@ from sm70ctl.plan.pools import GdnPage, PoolLayout, gdn_page, kv_bytes_per_token
 from sm70ctl.plan.shapes import kv_heads_per_gpu, pp_layer_ranges, stage_tensors
 from sm70ctl.plan.weights import WeightOptions, by_class
 from sm70ctl.plan.workspaces import WorkspaceInputs, workspace_items
+from sm70ctl.settings.typed import SettingsView
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -71,7 +72,7 @@ class PlanInputs:
         return self.limit_images > 0 or self.limit_videos > 0
 
     @classmethod
-    def from_settings(cls, settings: Any, **overrides: Any) -> PlanInputs:
+    def from_settings(cls, settings: SettingsView, **overrides: Any) -> PlanInputs:
         """Take every field the settings object has (attribute = variable name lower-cased
         without SM70_); fields it lacks keep their reference defaults."""
         values: dict[str, Any] = {}

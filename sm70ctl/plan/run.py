@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sm70ctl.errors import UsageError
 from sm70ctl.plan.gpus import GpuSource, probe_nvml, resolve_gpus
 from sm70ctl.plan.model_config import ModelShape, builtin_config_path, load_config
 from sm70ctl.plan.plan import Plan, PlanInputs, compute_plan
+from sm70ctl.settings.typed import SettingsView
 
 BUILTIN_SOURCE = "built-in (Qwen3.8-27B GPTQ int8)"
 
@@ -46,7 +46,7 @@ def load_model(
 
 
 def plan_for_settings(
-    settings: Any,
+    settings: SettingsView,
     *,
     config: Path | None = None,
     model_dir: Path | None = None,

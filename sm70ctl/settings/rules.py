@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
-from typing import Any
 
 from sm70ctl.settings.problems import Problem
+from sm70ctl.settings.typed import SettingsView
 
 GIB = 1024**3
 # The coarse per-card bound; the memory plan does the exact check against real numbers.
 V100_MEMORY_BYTES = 32 * GIB
 
-Rule = Callable[[Any], "Problem | None"]
+Rule = Callable[[SettingsView], "Problem | None"]
 RULES: list[tuple[str, Rule]] = []
 
 
@@ -36,7 +36,7 @@ def _p(variable: str, value: object, rule_text: str, allowed: str, *related: str
     )
 
 
-def _graphs_on(s: Any) -> bool:
+def _graphs_on(s: SettingsView) -> bool:
     return s.cudagraph_mode != "none" and not s.enforce_eager
 
 
@@ -50,7 +50,7 @@ def is_loopback(host: str) -> bool:
 
 
 @rule("spec-draft-graph-size")
-def _spec_graph(s: Any) -> Problem | None:
+def _spec_graph(s: SettingsView) -> Problem | None:
     """Refused: Speculative decoding with CUDA graphs on and `SM70_SPEC_TOKENS` + 1 not in
     `SM70_CUDAGRAPH_SIZES`.
     """
@@ -70,7 +70,7 @@ def _spec_graph(s: Any) -> Problem | None:
 
 
 @rule("clef-max-model-len")
-def _clef_len(s: Any) -> Problem | None:
+def _clef_len(s: SettingsView) -> Problem | None:
     """Refused: `SM70_CLEF` on and `SM70_CLEF_MAX_MODEL_LEN` > `SM70_MAX_MODEL_LEN`."""
     if s.clef and s.clef_max_model_len > s.max_model_len:
         return _p("SM70_CLEF_MAX_MODEL_LEN", s.clef_max_model_len,
@@ -80,7 +80,7 @@ def _clef_len(s: Any) -> Problem | None:
 
 
 @rule("gpu-count")
-def _gpu_count(s: Any) -> Problem | None:
+def _gpu_count(s: SettingsView) -> Problem | None:
     """Refused: The number of `SM70_GPUS` differs from `SM70_TENSOR_PARALLEL_SIZE` x
     `SM70_PIPELINE_PARALLEL_SIZE`.
     """
@@ -98,7 +98,7 @@ def _gpu_count(s: Any) -> Problem | None:
 
 
 @rule("prefill-chunk")
-def _prefill_chunk(s: Any) -> Problem | None:
+def _prefill_chunk(s: SettingsView) -> Problem | None:
     """Refused: `SM70_PREFILL_CHUNK` > `SM70_MAX_NUM_BATCHED_TOKENS`."""
     if s.prefill_chunk > s.max_num_batched_tokens:
         return _p("SM70_PREFILL_CHUNK", s.prefill_chunk,
@@ -109,7 +109,7 @@ def _prefill_chunk(s: Any) -> Problem | None:
 
 
 @rule("prompt-logprobs-chunk")
-def _logprobs_chunk(s: Any) -> Problem | None:
+def _logprobs_chunk(s: SettingsView) -> Problem | None:
     """Refused: `SM70_PROMPT_LOGPROBS_CHUNK` > `SM70_MAX_NUM_BATCHED_TOKENS`."""
     if s.prompt_logprobs_chunk > s.max_num_batched_tokens:
         return _p("SM70_PROMPT_LOGPROBS_CHUNK", s.prompt_logprobs_chunk,
@@ -120,7 +120,7 @@ def _logprobs_chunk(s: Any) -> Problem | None:
 
 
 @rule("kv-fits-gpu")
-def _kv_fits(s: Any) -> Problem | None:
+def _kv_fits(s: SettingsView) -> Problem | None:
     """Refused: `SM70_KV_CACHE_BYTES` >= 32 GiB x `SM70_GPU_MEMORY_UTILIZATION` (coarse; the plan is
     exact).
     """
@@ -136,7 +136,7 @@ def _kv_fits(s: Any) -> Problem | None:
 
 
 @rule("int12-needs-tp")
-def _int12_tp(s: Any) -> Problem | None:
+def _int12_tp(s: SettingsView) -> Problem | None:
     """Refused: `SM70_ALLREDUCE_MODE=int12` with `SM70_TENSOR_PARALLEL_SIZE=1`."""
     if s.allreduce_mode == "int12" and s.tensor_parallel_size < 2:
         return _p("SM70_ALLREDUCE_MODE", s.allreduce_mode,
@@ -147,7 +147,7 @@ def _int12_tp(s: Any) -> Problem | None:
 
 
 @rule("mamba-align-spec-prefix")
-def _mamba_align(s: Any) -> Problem | None:
+def _mamba_align(s: SettingsView) -> Problem | None:
     """Refused: `SM70_MAMBA_CACHE_MODE=align` with speculative decoding and prefix caching (silently
     corrupted output in the reference).
     """
@@ -163,7 +163,7 @@ def _mamba_align(s: Any) -> Problem | None:
 
 
 @rule("async-scheduling-spec")
-def _async_spec(s: Any) -> Problem | None:
+def _async_spec(s: SettingsView) -> Problem | None:
     """Refused: `SM70_ASYNC_SCHEDULING=true` with speculative decoding (truncated generations in the
     reference).
     """
@@ -176,7 +176,7 @@ def _async_spec(s: Any) -> Problem | None:
 
 
 @rule("custom-allreduce-full-graphs")
-def _custom_ar(s: Any) -> Problem | None:
+def _custom_ar(s: SettingsView) -> Problem | None:
     """Refused: `SM70_CUSTOM_ALLREDUCE=true` with a `full*` CUDA-graph mode (the IPC
     all-reduce breaks under full graphs).
     """
@@ -188,7 +188,7 @@ def _custom_ar(s: Any) -> Problem | None:
 
 
 @rule("public-host-needs-key")
-def _host_key(s: Any) -> Problem | None:
+def _host_key(s: SettingsView) -> Problem | None:
     """Refused: `SM70_HOST` is not a loopback address and `SM70_API_KEY` is empty."""
     if not is_loopback(s.host) and s.api_key is None:
         return _p("SM70_HOST", s.host,
@@ -198,7 +198,7 @@ def _host_key(s: Any) -> Problem | None:
 
 
 @rule("ngram-range")
-def _ngram(s: Any) -> Problem | None:
+def _ngram(s: SettingsView) -> Problem | None:
     """Refused: `SM70_NGRAM_MIN` > `SM70_NGRAM_MAX`."""
     if s.ngram_min > s.ngram_max:
         return _p("SM70_NGRAM_MIN", s.ngram_min, "shortest n-gram longer than the longest",
@@ -213,7 +213,7 @@ def rules_table() -> list[tuple[str, str]]:
     ]
 
 
-def check_rules(settings: Any, skip: frozenset[str] = frozenset()) -> list[Problem]:
+def check_rules(settings: SettingsView, skip: frozenset[str] = frozenset()) -> list[Problem]:
     """Every broken cross-field rule; rules touching a variable in `skip` are left out
     (those variables already failed on their own and hold their defaults here)."""
     problems = []

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from sm70ctl.options import EnvFileOpt, JsonOpt
+from sm70ctl.settings.typed import SettingsView
 
 HELP = (
     "Compile everything the server needs before it serves, so the first request never "
@@ -54,7 +55,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(code)
 
 
-def run_check(settings: Any, device: str, json_mode: bool) -> int:
+def run_check(settings: SettingsView, device: str, json_mode: bool) -> int:
     from sm70ctl.output import Output
     from sm70ctl.runtime.cache_status import cache_status
 
@@ -80,7 +81,7 @@ def run_check(settings: Any, device: str, json_mode: bool) -> int:
     return 0 if verdict.warm else 1
 
 
-def run(settings: Any, device: str, force: bool, json_mode: bool) -> int:
+def run(settings: SettingsView, device: str, force: bool, json_mode: bool) -> int:
     from sm70ctl.output import Output, make_table
     from sm70ctl.warmup.runner import Reporter, RunContext, run_warmup
 

@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from sm70ctl.errors import Sm70Error
+from sm70ctl.settings.typed import SettingsView
 from sm70ctl.weights import disk
 from sm70ctl.weights.manifest import (
     STATE_DIR,
@@ -58,7 +59,7 @@ class FetchConfig:
     progress: bool = True  # per-file progress bars (stderr)
 
     @classmethod
-    def from_settings(cls, settings: Any, **overrides: Any) -> FetchConfig:
+    def from_settings(cls, settings: SettingsView, **overrides: Any) -> FetchConfig:
         token = getattr(settings, "hf_token", None)
         if token is not None and hasattr(token, "get_secret_value"):  # pydantic SecretStr
             token = token.get_secret_value()
