@@ -85,6 +85,45 @@ def test_malformed_entries_are_refused_by_name(extra: str, message: str) -> None
         parse_lock(MINIMAL + extra)
 
 
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        # a table where an array of tables belongs
+        ('[git]\nname = "x"\n', r"`git` must be an array of tables \(\[\[git\]\] entries\)"),
+        # (top-level keys come before [toolchain], or TOML puts them in it)
+        ('TOP git = ["x"]\n', r"`git` must be an array of tables"),
+        ("TOP local = 3\n", r"`local` must be an array of tables"),
+        # a stray key: a typo would be silently lost
+        ('TOP comit = "' + "a" * 40 + '"\n', r"unknown top-level key\(s\) \['comit'\]"),
+        ('cudaa = "12.8"\n', r"\[toolchain\]: unknown field\(s\) \['cudaa'\]"),
+        ('[[git]]\nname = "x"\nurl = "https://e/x.git"\ntag = "v1"\nunverified = "why"\n'
+         'comit = "' + "a" * 40 + '"\n', r"\[\[git\]\] #1: unknown field\(s\) \['comit'\]"),
+        ('[[local]]\nname = "c"\npath = "c"\nhash = "' + "a" * 64 + '"\nglobs = [1]\n',
+         "must be a list of non-empty patterns"),
+        ("[notes]\nx = 1\n", r"\[notes\] must be a table of strings"),
+        ("[" * 200 + "]" * 200 + "\n", "nested more than"),
+    ],
+)
+def test_misshapen_locks_are_refused_by_name(extra: str, message: str) -> None:
+    text = extra[4:] + MINIMAL if extra.startswith("TOP ") else MINIMAL + extra
+    with pytest.raises(LockError, match=message):
+        parse_lock(text)
+
+
+def test_lock_files_that_are_not_text_are_refused(tmp_path: Path) -> None:
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"schema = 1\n\x00\xff\xfe")
+    with pytest.raises(LockError, match="binary content"):
+        load_lock(binary)
+    with pytest.raises(LockError, match="lock file"):
+        load_lock(tmp_path)  # a folder
+    big = tmp_path / "big.toml"
+    with big.open("wb") as f:
+        f.truncate((8 << 20) + 1)
+    with pytest.raises(LockError, match="over the limit"):
+        load_lock(big)
+
+
 def test_schema_and_toolchain_are_required() -> None:
     with pytest.raises(LockError, match="schema"):
         parse_lock(MINIMAL.replace("schema = 1", "schema = 9"))

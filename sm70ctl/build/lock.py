@@ -13,17 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sm70ctl.errors import Sm70Error
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 LOCK_NAME = "sm70.lock.toml"
 SCHEMA = 1
@@ -198,13 +192,46 @@ def _check_filename(name: str, where: str) -> None:
         raise LockError(f"{where}: filename {name!r} must be a plain file name")
 
 
+# What each part of the lock may hold: anything else is a typo that would be silently lost
+# (a misspelt `comit` leaves a pin by tag only), so it is refused by name.
+# [models] is the weights pins, read by sm70ctl/weights/pins.py
+_TOP_KEYS = {"schema", "notes", "toolchain", "git", "archive", "wheel", "local", "models"}
+_ENTRY_KEYS = {
+    "git": {"name", "url", "commit", "tag", "note", "unverified"},
+    "archive": {"name", "url", "filename", "sha256", "strip", "patch", "note"},
+    "wheel": {"name", "version", "filename", "url", "sha256", "unverified", "index", "note"},
+    "local": {"name", "path", "hash", "globs", "note"},
+}
+LOCK_MAX_BYTES = 8 << 20  # the shipped lock is tens of KiB
+
+
+def _entries(doc: dict[str, Any], kind: str, label: str) -> list[dict[str, Any]]:
+    """`[[kind]]` entries: an array of tables with known keys only."""
+    value = doc.get(kind, [])
+    if not isinstance(value, list) or not all(isinstance(e, dict) for e in value):
+        raise LockError(f"{label}: `{kind}` must be an array of tables ([[{kind}]] entries), "
+                        f"not {type(value).__name__}")
+    for i, e in enumerate(value):
+        stray = sorted(set(e) - _ENTRY_KEYS[kind])
+        if stray:
+            raise LockError(f"{label}: [[{kind}]] #{i + 1}: unknown field(s) {stray} "
+                            f"(allowed: {', '.join(sorted(_ENTRY_KEYS[kind]))})")
+    return value
+
+
 def parse_lock(text: str, path: Path | None = None) -> Lock:
     """Parse and validate lock text; raises LockError naming what is wrong."""
+    from sm70ctl.readers import parse_toml
+
     label = str(path) if path else "lock"
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise LockError(f"{label}: not valid TOML: {exc}") from None
+        doc = parse_toml(text, what="lock file", name=label)
+    except Sm70Error as exc:
+        raise LockError(exc.message, hint=exc.hint) from None
+    stray = sorted(set(doc) - _TOP_KEYS)
+    if stray:
+        raise LockError(f"{label}: unknown top-level key(s) {stray} "
+                        f"(allowed: {', '.join(sorted(_TOP_KEYS))})")
     schema = doc.get("schema")
     if schema != SCHEMA:
         raise LockError(f"{label}: schema = {schema!r}; this sm70ctl reads schema {SCHEMA}")
@@ -212,6 +239,10 @@ def parse_lock(text: str, path: Path | None = None) -> Lock:
     tc = doc.get("toolchain")
     if not isinstance(tc, dict):
         raise LockError(f"{label}: missing [toolchain] table")
+    tc_keys = {"cuda", "gcc_min", "gcc_max_major", "python", "cuda_arch_list"}
+    if set(tc) - tc_keys:
+        raise LockError(f"{label}: [toolchain]: unknown field(s) {sorted(set(tc) - tc_keys)} "
+                        f"(allowed: {', '.join(sorted(tc_keys))})")
     toolchain = Toolchain(
         cuda=_req(tc, "cuda", "[toolchain]"),
         gcc_min=_req(tc, "gcc_min", "[toolchain]"),
@@ -222,7 +253,7 @@ def parse_lock(text: str, path: Path | None = None) -> Lock:
 
     seen: set[str] = set()
     gits = []
-    for i, e in enumerate(doc.get("git", [])):
+    for i, e in enumerate(_entries(doc, "git", label)):
         where = f"[[git]] #{i + 1}"
         name = _req(e, "name", where)
         where = f"[[git]] {name}"
@@ -241,7 +272,7 @@ def parse_lock(text: str, path: Path | None = None) -> Lock:
         gits.append(GitSource(name, url, commit, tag, _opt(e, "note", where), unverified))
 
     archives = []
-    for i, e in enumerate(doc.get("archive", [])):
+    for i, e in enumerate(_entries(doc, "archive", label)):
         where = f"[[archive]] #{i + 1}"
         name = _req(e, "name", where)
         where = f"[[archive]] {name}"
@@ -267,7 +298,7 @@ def parse_lock(text: str, path: Path | None = None) -> Lock:
 
     wheels = []
     seen_files: set[str] = set()
-    for i, e in enumerate(doc.get("wheel", [])):
+    for i, e in enumerate(_entries(doc, "wheel", label)):
         where = f"[[wheel]] #{i + 1}"
         name = _req(e, "name", where)
         where = f"[[wheel]] {name}"
@@ -292,7 +323,7 @@ def parse_lock(text: str, path: Path | None = None) -> Lock:
         wheels.append(Wheel(name, version, filename, url, sha, unverified, _opt(e, "index", where)))
 
     local = []
-    for i, e in enumerate(doc.get("local", [])):
+    for i, e in enumerate(_entries(doc, "local", label)):
         where = f"[[local]] #{i + 1}"
         name = _req(e, "name", where)
         where = f"[[local]] {name}"
@@ -304,9 +335,14 @@ def parse_lock(text: str, path: Path | None = None) -> Lock:
         if not _SHA256.match(h):
             raise LockError(f"{where}: hash {h!r} must be 64 lower-case hex digits")
         globs = _opt(e, "globs", where, ["**/*"])
+        if not globs or not all(isinstance(g, str) and g for g in globs):
+            raise LockError(f"{where}: globs {globs!r} must be a list of non-empty patterns")
         local.append(LocalSource(name, p, h, tuple(globs)))
 
-    notes = {k: v for k, v in doc.get("notes", {}).items() if isinstance(v, str)}
+    raw_notes = doc.get("notes", {})
+    if not isinstance(raw_notes, dict) or not all(isinstance(v, str) for v in raw_notes.values()):
+        raise LockError(f"{label}: [notes] must be a table of strings")
+    notes = dict(raw_notes)
     return Lock(
         toolchain=toolchain,
         git=tuple(gits),
@@ -333,11 +369,14 @@ def project_root() -> Path:
 
 
 def load_lock(path: Path | None = None) -> Lock:
+    """Read a lock through the bounded reader (size, binary, folder, encoding refused)."""
+    from sm70ctl.readers import read_text
+
     p = path or packaged_lock_path()
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise LockError(f"cannot read lock file {p}: {exc.strerror}") from None
+        text = read_text(p, what="lock file", max_bytes=LOCK_MAX_BYTES)
+    except Sm70Error as exc:
+        raise LockError(exc.message, hint=exc.hint) from None
     return parse_lock(text, p)
 
 
