@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from pydantic import ValidationError
 
@@ -24,6 +24,7 @@ from sm70ctl.settings.model import Settings, SettingsBase
 from sm70ctl.settings.problems import Problem, SettingsError
 from sm70ctl.settings.rules import check_rules
 from sm70ctl.settings.schema import PREFIX, RESERVED_NAMES, Schema, load_schema
+from sm70ctl.settings.typed import SettingsView
 
 ENVIRONMENT = "environment"
 DEFAULT = "default"
@@ -281,7 +282,7 @@ def load_settings(
     environ: Mapping[str, str] | None = None,
     env_file: Path | str | None = None,
     overrides: Mapping[str, tuple[str, str]] | None = None,
-) -> Any:
+) -> SettingsView:
     """The one way to get Settings. `environ` defaults to os.environ; tests pass a mapping.
 
     `overrides` maps a variable name to (text, source), e.g. a command-line option
@@ -293,7 +294,9 @@ def load_settings(
         if name not in schema.by_name:
             raise ValueError(f"override of unknown variable {name}")  # a bug, not input
         raw[name] = RawValue(text, source)
-    return validate(raw, problems)
+    # The model is built from the schema at import, so only typed.py (generated from the same
+    # schema, checked by tests/test_settings_typed.py) can tell a type checker its attributes.
+    return cast("SettingsView", validate(raw, problems))
 
 
 def sources_of(settings: SettingsBase) -> dict[str, str]:
