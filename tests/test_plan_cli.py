@@ -110,6 +110,9 @@ def test_model_sources(tmp_path):
     # more digits than a float holds: inf, once a traceback
     (["--gpus", "2x1" + "0" * 400 + "GiB"], 2, "more than 1 PiB per GPU"),
     (["--svg", "/proc/no-such-dir/plan.svg"], 1, "--svg /proc/no-such-dir/plan.svg: cannot write"),
+    # a component the OS refuses (once an OSError traceback)
+    (["--model-dir", "/tmp/" + "a" * 300], 2, "a path component is 300 bytes long"),
+    (["--config", "/tmp/" + "a" * 300 + "/config.json"], 1, "a path component is 300 bytes"),
     # once "0 sequence(s) at once" and exit 0
     (["--context", "99999999999"], 2,
      "--context 99,999,999,999 is longer than SM70_MAX_MODEL_LEN=262,144"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm70ctl.errors import UsageError
+from sm70ctl.errors import Sm70Error, UsageError
 from sm70ctl.plan.gpus import GpuSource, probe_nvml, resolve_gpus
 from sm70ctl.plan.model_config import ModelShape, builtin_config_path, load_config
 from sm70ctl.plan.plan import Plan, PlanInputs, compute_plan
@@ -32,11 +32,18 @@ def load_model(
 ) -> tuple[ModelShape, str]:
     """The model to plan and where it came from: --config, --model-dir, SM70_MODEL_DIR's
     config.json when it exists, else the built-in Qwen3.8-27B description."""
+    from sm70ctl.readers import check_path
+
     if config is not None and model_dir is not None:
         raise UsageError("give --config or --model-dir, not both")
     if config is not None:
         return load_config(config), "--config"
     if model_dir is not None:
+        # a path the OS cannot take (a component over 255 bytes) is a usage error, not a crash
+        try:
+            check_path(model_dir / "config.json", "--model-dir")
+        except Sm70Error as exc:
+            raise UsageError(exc.message) from None
         if not (model_dir / "config.json").is_file():
             raise UsageError(f"--model-dir {model_dir}: no config.json there")
         return load_config(model_dir / "config.json"), "--model-dir"
