@@ -110,3 +110,44 @@ def test_plugin_path_without_a_library_imports_no_torch(tmp_path: Path) -> None:
                          text=True, timeout=60, check=True, cwd=ROOT,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}).stdout
     assert out.split() == ["absent", "(not", "built:", "run", "`sm70ctl", "build`)", "False"]
+
+
+FAKE_TORCH = r"""
+import json, sys, types
+from pathlib import Path
+calls = []
+torch = types.ModuleType("torch")
+torch.__version__ = "2.9.1+cu128"
+torch.version = types.SimpleNamespace(cuda="12.8")
+torch.ops = types.SimpleNamespace(load_library=calls.append, sm70=types.SimpleNamespace())
+sys.modules["torch"] = torch
+from vllm_patch.ops import build, loader, sources
+lib_dir = Path(sys.argv[1])
+loader.PACKAGED_LIB_DIR = lib_dir
+key = build.library_key(build.runtime_identity())
+seen = []
+(lib_dir / "sm70_ops_0123456789abcdef.so").write_bytes(b"")
+seen.append([loader.load_prebuilt(), len(calls)])
+(lib_dir / f"{build.library_name(key)}.so").write_bytes(b"")
+seen.append([loader.load_prebuilt(), len(calls)])
+seen.append([loader.load_prebuilt(), len(calls)])
+loader._loaded = None
+sources.CHECKOUT_CSRC = sources.PACKAGED_CSRC = lib_dir / "no-csrc"
+seen.append([loader.load_prebuilt(), len(calls)])
+print(json.dumps({"seen": seen, "calls": calls, "key": key}))
+"""
+
+
+def test_prebuilt_is_loaded_only_when_it_matches_this_runtime(tmp_path: Path) -> None:
+    """load_prebuilt with a stand-in torch: a library for another runtime is not loaded, the
+    matching one is (once), and without sources to check against nothing is."""
+    out = subprocess.run([sys.executable, "-c", FAKE_TORCH, str(tmp_path)], capture_output=True,
+                         text=True, timeout=60, check=True, cwd=ROOT,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}).stdout
+    data = __import__("json").loads(out)
+    lib = str(tmp_path / f"sm70_ops_{data['key']}.so")
+    (no_match, n0), (loaded, n1), (again, n2), (unusable, n3) = data["seen"]
+    assert no_match.startswith("no match") and n0 == 0
+    assert loaded == f"loaded {lib}" and n1 == 1 and data["calls"] == [lib]
+    assert again == loaded and n2 == 1
+    assert unusable.startswith("unusable (no kernel sources") and n3 == 1

@@ -101,7 +101,10 @@ def load_prebuilt() -> str:
             return "absent (not built: run `sm70ctl build`)"
         import torch
 
-        key = build.library_key(build.runtime_identity())
+        try:
+            key = build.library_key(build.runtime_identity())
+        except sources.OpsSourceError as exc:  # a library, but no sources to check it by
+            return f"unusable ({exc})"
         lib = pick_prebuilt(dirs, key)
         if lib is None:
             names = ", ".join(str(p) for p in found)
@@ -115,6 +118,8 @@ def load_prebuilt() -> str:
 def load_ops(verbose: bool = False) -> str:
     """Register torch.ops.sm70.* in this process (prebuilt or built); idempotent."""
     global _loaded
+    if _loaded:  # the common case, every op call: no lock
+        return _loaded
     with _lock:
         if _loaded:
             return _loaded
