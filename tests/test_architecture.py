@@ -201,6 +201,14 @@ def test_the_doc_lists_the_same_layers() -> None:
             assert f"`{shown}" in doc, f"docs/ARCHITECTURE.md does not place {unit}"
 
 
+def test_every_package_has_an_init() -> None:
+    """A folder of modules without __init__.py is a namespace package, which the wheel's
+    package finder leaves out."""
+    missing = sorted(str(d.relative_to(REPO)) for top in ROOTS for d in (REPO / top).rglob("*")
+                     if d.is_dir() and any(d.glob("*.py")) and not (d / "__init__.py").exists())
+    assert missing == []
+
+
 def test_the_cli_imports_no_torch_vllm_or_pydantic() -> None:
     code = ("import sys; import sm70ctl.cli as c; c._wire(); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
