@@ -185,3 +185,22 @@ def test_fuzz_plugin_config(text: str) -> None:
         PluginConfig.from_json(text)
     except ValueError as exc:  # the plugin's own clean refusal (it may not import sm70ctl)
         assert str(exc).startswith("SM70_PLUGIN_CONFIG")
+
+
+_WARM = {"fingerprint": "0123456789abcdef", "components": {"a": "b"}, "device": "cuda",
+         "warm": True, "steps": [{"name": "vllm", "status": "done"}], "version": 1}
+
+
+@FUZZ
+@given(data=st.one_of(_raw, _docs(_WARM)))
+def test_fuzz_warmup_manifest(tmp_path: Path, data: bytes) -> None:
+    from sm70ctl.runtime.manifest import MANIFEST, assess, load_manifest
+
+    entry = tmp_path / "0123456789abcdef"
+    entry.mkdir(exist_ok=True)
+
+    def load(_: Path) -> None:
+        m = load_manifest(entry)
+        assess("0123456789abcdef", {"a": "b"}, m, [])
+
+    _check(load, entry / MANIFEST, data)

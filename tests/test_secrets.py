@@ -44,7 +44,7 @@ def test_secret_names(name: str) -> None:
 
 @pytest.mark.parametrize("name", [
     "PATH", "HOME", "PWD", "OLDPWD", "CUDA_VISIBLE_DEVICES", "SM70_SPEC_TOKENS",
-    "SM70_MAX_NUM_BATCHED_TOKENS", "TOKENIZERS_PARALLELISM", "LD_LIBRARY_PATH", "SM70_HOST",
+    "SM70_MAX_NUM_BATCHED_TOKENS", "LD_LIBRARY_PATH", "SM70_HOST",
     "SM70_PORT", "NCCL_P2P_DISABLE", "VLLM_USE_V1", "LANG",
 ])
 def test_plain_names(name: str) -> None:
@@ -92,3 +92,13 @@ def test_scrub_nested() -> None:
     data = {"env": {"SM70_API_KYE": "sk-9", "N": "ok"}, "log": ["said sk-9"], "n": 3}
     assert scrub(data, ["sk-9"]) == {"env": {"SM70_API_KYE": MASK, "N": "ok"},
                                      "log": [f"said {MASK}"], "n": 3}
+
+
+def test_compile_fingerprint_holds_only_the_fact_of_a_secret() -> None:
+    from sm70ctl.runtime.fingerprint import fingerprint, inherited_compile_env
+
+    a = inherited_compile_env({"VLLM_API_KEY": "sk-one", "VLLM_X": "1"}, set())
+    b = inherited_compile_env({"VLLM_API_KEY": "sk-two", "VLLM_X": "1"}, set())
+    none = inherited_compile_env({"VLLM_X": "1"}, set())
+    assert a == b == {"env:VLLM_API_KEY": "<set>", "env:VLLM_X": "1"}
+    assert fingerprint(a) == fingerprint(b) != fingerprint(none)

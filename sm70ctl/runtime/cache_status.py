@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from sm70ctl.errors import Sm70Error
 from sm70ctl.runtime.fingerprint import fingerprint, probe_components
 from sm70ctl.runtime.manifest import (
-    MANIFEST,
     Verdict,
     assess,
     entry_dir,
+    load_manifest,
     other_manifests,
-    read_manifest,
 )
 from sm70ctl.settings.typed import SettingsView
 
@@ -24,9 +24,10 @@ def cache_status(
     comps = probe_components(settings, device, environ=environ)
     fp = fingerprint(comps)
     entry = entry_dir(settings.cache_dir, fp)
-    manifest = read_manifest(entry)
-    if manifest is None and (entry / MANIFEST).exists():
-        return Verdict(False, fp, f"the manifest {entry / MANIFEST} is unreadable (damaged); "
-                       "`sm70ctl warmup` rebuilds the entry"), comps
+    try:
+        manifest = load_manifest(entry)
+    except Sm70Error as exc:
+        return Verdict(False, fp, f"the manifest is unreadable: {exc.message}; `sm70ctl warmup` "
+                       "rebuilds the entry"), comps
     others = [] if manifest is not None else other_manifests(settings.cache_dir, fp)
     return assess(fp, comps, manifest, others), comps

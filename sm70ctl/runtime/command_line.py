@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sm70ctl.runtime.secrets import secrets_path
-from sm70ctl.settings.problems import MASK
+from sm70ctl.secrets import mask_argv
 from sm70ctl.settings.typed import SettingsView
 
 VLLM_ENTRYPOINT = "vllm.entrypoints.openai.api_server"
@@ -108,14 +108,7 @@ def vllm_argv(settings: SettingsView, *, secrets_file: Path | None = None) -> li
 def redact_argv(argv: Sequence[str]) -> list[str]:
     """argv safe to print or log: values of secret flags (`--api-key X` or
     `--api-key=X`) become ***."""
-    out = list(argv)
-    for i, arg in enumerate(out):
-        flag, eq, _ = arg.partition("=")
-        if flag in SECRET_FLAGS and eq:
-            out[i] = f"{flag}={MASK}"
-        elif arg in SECRET_FLAGS and i + 1 < len(out):
-            out[i + 1] = MASK
-    return out
+    return mask_argv(argv, SECRET_FLAGS)
 
 
 def shell_line(argv: Sequence[str]) -> str:

@@ -13,26 +13,21 @@ listed by name only.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from sm70ctl.errors import Sm70Error
 from sm70ctl.runtime.compile_cache import cache_env, compile_cache_dir
 from sm70ctl.runtime.plugin_config import PLUGIN_CONFIG_ENV, plugin_config_obj
+from sm70ctl.secrets import MASK, is_secret_name, mask_env
 from sm70ctl.settings.typed import SettingsView
 
-MASK = "***"
+__all__ = ["MASK", "child_env", "is_secret_name", "managed_env", "mask_env", "p2p_disable",
+           "unmanaged", "visible_devices", "vllm_env"]
 
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|PASSWD|API_?KEY|ACCESS_?KEY|PRIVATE|CREDENTIAL|AUTH",
-                          re.IGNORECASE)
 # Prefixes of variables that can change what vLLM/torch/NCCL do (flagged in the log).
 _INFLUENTIAL = ("VLLM_", "CUDA_", "NCCL_", "TORCH", "PYTORCH_", "TRITON_", "HF_",
                 "TRANSFORMERS_", "OMP_", "MKL_", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHON")
-
-
-def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name))
 
 
 def child_env(environ: Mapping[str, str], managed: Mapping[str, str]) -> dict[str, str]:
@@ -41,25 +36,14 @@ def child_env(environ: Mapping[str, str], managed: Mapping[str, str]) -> dict[st
     return env
 
 
-def unmanaged(environ: Mapping[str, str], managed: Iterable[str]) -> list[tuple[str, str, bool]]:
+def unmanaged(environ: Mapping[str, str], managed: Iterable[str],
+              secrets: Iterable[str] = ()) -> list[tuple[str, str, bool]]:
     """Inherited variables we pass on but do not manage: (name, shown value, influential).
-    Secret-looking values are replaced by the mask."""
+    Values of secret-looking names, and values carrying one of `secrets`, are masked."""
     managed = set(managed)
-    rows = []
-    for name in sorted(environ):
-        if name in managed or name.startswith("SM70_"):
-            continue
-        value = MASK if is_secret_name(name) else environ[name]
-        rows.append((name, value, name.startswith(_INFLUENTIAL)))
-    return rows
-
-
-def mask_env(env: Mapping[str, str], secrets: Iterable[str] = ()) -> dict[str, str]:
-    values = [s for s in secrets if s]
-    out = {}
-    for k, v in env.items():
-        out[k] = MASK if is_secret_name(k) or any(s in v for s in values) else v
-    return out
+    shown = mask_env({k: v for k, v in environ.items()
+                      if k not in managed and not k.startswith("SM70_")}, secrets)
+    return [(name, shown[name], name.startswith(_INFLUENTIAL)) for name in sorted(shown)]
 
 
 def visible_devices(settings: SettingsView, gpu_indices: Sequence[int] | None = None) -> str:

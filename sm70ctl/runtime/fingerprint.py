@@ -27,6 +27,9 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from sm70ctl.errors import Sm70Error
+from sm70ctl.readers import view_json
+from sm70ctl.secrets import fingerprint_env
 from sm70ctl.settings.typed import SettingsView
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -91,9 +94,9 @@ def cuda_compiler(cuda_home: Path | None, nvrtc: str) -> str:
         home = Path(cuda_home).expanduser()
         vj = home / "version.json"
         try:
-            data = json.loads(vj.read_text())
-            return f"cuda {data['cuda']['version']}"
-        except (OSError, ValueError, KeyError, TypeError):
+            version = view_json(vj, what="CUDA version file").sub("cuda").get_str("version")
+            return f"cuda {version}"
+        except Sm70Error:
             pass
         nvcc = home / "bin" / "nvcc"
         if nvcc.is_file():
@@ -113,12 +116,16 @@ COMPILE_ENV_PREFIXES = ("VLLM_", "TORCHINDUCTOR_", "TORCH_COMPILE_", "TRITON_")
 
 
 def inherited_compile_env(environ: Mapping[str, str], managed: set[str]) -> dict[str, str]:
-    """Inherited variables that can change compiled code, as `env:NAME` components (pure)."""
-    return {
+    """Inherited variables that can change compiled code, as `env:NAME` components (pure).
+
+    A secret (VLLM_API_KEY) enters only as the fact that it is set: the components are
+    printed by `warmup --check` and stored in the cache manifest, and a hash of a key is
+    a way to test guesses of it."""
+    return fingerprint_env({
         f"env:{k}": v
         for k, v in environ.items()
         if k.startswith(COMPILE_ENV_PREFIXES) and k not in managed
-    }
+    })
 
 
 def managed_names(settings: SettingsView) -> set[str]:

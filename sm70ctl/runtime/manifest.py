@@ -17,6 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sm70ctl.errors import Sm70Error
+from sm70ctl.readers import View, read_json
+from sm70ctl.runtime.compile_cache import CACHE_SUBDIRS
 from sm70ctl.runtime.fingerprint import diff_components
 
 MANIFEST = "manifest.json"
@@ -32,6 +35,15 @@ class Step:
     seconds: float = 0.0
 
 
+STATUSES = (DONE, SKIPPED, FAILED, NOT_NEEDED)
+DEVICES = ("cuda", "cpu")
+# A manifest holds a few dozen components and three steps; the bound only keeps a stray
+# huge file in the cache folder from being read into memory.
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+_KEYS = ("fingerprint", "components", "device", "steps", "warm", "created", "version",
+         "inventory")
+
+
 @dataclass
 class Manifest:
     fingerprint: str
@@ -41,29 +53,51 @@ class Manifest:
     warm: bool = False
     created: float = field(default_factory=time.time)
     version: int = 1
+    # cache sub-folder -> {"files": n, "bytes": b} when the manifest was written
+    inventory: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
-        if not isinstance(data, Mapping):
-            raise ValueError(f"expected a JSON object, found {type(data).__name__}")
-        if not isinstance(data.get("warm", False), bool):  # "false" must not read as warm
-            raise ValueError("'warm' must be true or false")
-        raw_steps = data.get("steps", [])
-        if not isinstance(raw_steps, list):
-            raise ValueError("'steps' must be a list")
-        steps = [Step(**{k: s.get(k) for k in ("name", "status", "detail", "seconds")
-                         if k in s}) for s in raw_steps if isinstance(s, dict)]
+    def from_dict(cls, data: Any, *, name: str = MANIFEST) -> Manifest:
+        """A manifest as warmup writes it, else Sm70Error naming the field: a manifest
+        with garbage steps or a `warm` flag its steps contradict is damaged, not warm."""
+        doc = View(data, what="warmup manifest", name=name).table().only(_KEYS)
+        version = doc.get_int("version", 1)
+        if version != 1:
+            doc.fail(f"version {version} is not one this sm70ctl reads (1)", "version")
+        steps = []
+        for item in doc.tables("steps", []):
+            item.only(("name", "status", "detail", "seconds"))
+            status = item.get_str("status")
+            if status not in STATUSES:
+                item.fail(f"{status!r} is not one of {', '.join(STATUSES)}", "status")
+            steps.append(Step(name=item.get_str("name", nonempty=True, max_len=64),
+                              status=status, detail=item.get_str("detail", ""),
+                              seconds=item.get_float("seconds", 0.0, min=0.0)))
+        warm = doc.get_bool("warm", False)  # "false" must not read as warm
+        if warm and not (steps and all(s.status in (DONE, NOT_NEEDED) for s in steps)):
+            doc.fail("warm, but its steps do not all say done or not needed", "warm")
+        device = doc.get_str("device")
+        if device not in DEVICES:
+            doc.fail(f"{device!r} is not one of {', '.join(DEVICES)}", "device")
+        inventory = {}
+        for sub, counts in doc.sub("inventory", {}).items():
+            counts.only(("files", "bytes"))
+            if sub not in CACHE_SUBDIRS.values():
+                counts.fail(f"not a cache folder ({', '.join(CACHE_SUBDIRS.values())})")
+            inventory[sub] = {"files": counts.get_int("files", min=0),
+                              "bytes": counts.get_int("bytes", min=0)}
         return cls(
-            fingerprint=str(data["fingerprint"]),
-            components={str(k): str(v) for k, v in dict(data.get("components", {})).items()},
-            device=str(data.get("device", "")),
+            fingerprint=doc.get_str("fingerprint", pattern=r"[0-9A-Za-z_.-]{1,64}"),
+            components=doc.get_str_map("components"),
+            device=device,
             steps=steps,
-            warm=data.get("warm", False),
-            created=float(data.get("created", 0.0)),
-            version=int(data.get("version", 1)),
+            warm=warm,
+            created=doc.get_float("created", 0.0),
+            version=version,
+            inventory=inventory,
         )
 
 
@@ -71,19 +105,66 @@ def entry_dir(cache_dir: Path, fp: str) -> Path:
     return Path(cache_dir).expanduser() / fp
 
 
+def inventory(folder: Path) -> dict[str, dict[str, int]]:
+    """Files and bytes in each cache sub-folder of an entry (what a warm manifest vouches
+    for; a later check finds folders that were deleted or emptied since)."""
+    out: dict[str, dict[str, int]] = {}
+    for sub in sorted(set(CACHE_SUBDIRS.values())):
+        root = Path(folder) / sub
+        if not root.is_dir():
+            continue
+        files = [p for p in root.rglob("*") if p.is_file()]
+        if files:
+            out[sub] = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+    return out
+
+
+def lost_entries(folder: Path, manifest: Manifest) -> list[str]:
+    """Cache sub-folders the manifest recorded that are gone or hold fewer files now.
+    A server may add files to a warm entry (new shapes), so more files are fine."""
+    now = inventory(folder)
+    lost = []
+    for sub, was in sorted(manifest.inventory.items()):
+        have = now.get(sub, {}).get("files", 0)
+        if have < was["files"]:
+            lost.append(f"{sub}/ holds {have} of the {was['files']} files it was warmed with"
+                        if have else f"{sub}/ is gone")
+    return lost
+
+
 def write_manifest(folder: Path, manifest: Manifest) -> Path:
-    """Atomic: a reader sees the old manifest or the new one, never half of one."""
+    """Atomic: a reader sees the old manifest or the new one, never half of one. The
+    entry's inventory is taken now, after every step has written its caches."""
     from sm70ctl.fsutil import atomic_write_text
 
+    manifest.inventory = inventory(folder)
     path = Path(folder) / MANIFEST
     atomic_write_text(path, json.dumps(manifest.to_dict(), indent=2, sort_keys=True))
     return path
 
 
+def load_manifest(folder: Path) -> Manifest | None:
+    """The entry's manifest, None when there is none; Sm70Error naming the file and the
+    field when it is damaged. A warm manifest whose cache folders were deleted since
+    comes back cold, with a failed `cache` step saying which."""
+    path = Path(folder) / MANIFEST
+    if not path.exists() and not path.is_symlink():
+        return None
+    manifest = Manifest.from_dict(read_json(path, what="warmup manifest",
+                                            max_bytes=MAX_MANIFEST_BYTES), name=str(path))
+    lost = lost_entries(Path(folder), manifest)
+    if lost and manifest.warm:
+        manifest.warm = False
+        manifest.steps.append(Step("cache", FAILED, "; ".join(lost)))
+    return manifest
+
+
 def read_manifest(folder: Path) -> Manifest | None:
+    """`load_manifest`, with a damaged manifest read as none (cold; `cache_status` says
+    it is damaged when the file exists)."""
     try:
-        return Manifest.from_dict(json.loads((Path(folder) / MANIFEST).read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+        return load_manifest(folder)
+    except Sm70Error:
         return None
 
 

@@ -29,19 +29,67 @@ def secrets_yaml(settings: SettingsView) -> str | None:
 
 @contextmanager
 def secrets_file(settings: SettingsView) -> Iterator[Path | None]:
-    """Write vLLM's `--config` secrets file (mode 0600 from the start, never world-readable)
-    for the server's lifetime and remove it afterwards; None when there are no secrets."""
+    """vLLM's `--config` secrets file for the server's lifetime; None when there are no
+    secrets.
+
+    The key lives only in this process's memory: the path is a link to an anonymous
+    in-memory file (memfd, mode 0600) held open by this process, reached through
+    /proc/<pid>/fd. vLLM opens the link by its `.yaml` name as usual; when serve ends in
+    any way, a SIGKILL included, the kernel drops the memory file with the process, so no
+    copy of the key outlives it on disk (a dangling link may remain until the next start,
+    which removes it). Where memfd or /proc is missing, a 0600 file is written instead and
+    removed on every way out but a SIGKILL."""
     text = secrets_yaml(settings)
     if text is None:
         yield None
         return
     path = secrets_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    path.unlink(missing_ok=True)  # a link or file left by a serve that was killed
+    fd = _memory_file(text)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        if fd is None or not _link(path, fd, text):
+            _write_private(path, text)
         yield path
     finally:
         path.unlink(missing_ok=True)
+        if fd is not None:
+            os.close(fd)
+
+
+def _memory_file(text: str) -> int | None:
+    """An anonymous in-memory file holding `text` (closed on exec: children open it by
+    path, so none keeps it alive after serve), or None where the kernel has no memfd."""
+    try:
+        fd = os.memfd_create("sm70ctl-secrets.yaml", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return None
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode("utf-8"))
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _link(path: Path, fd: int, text: str) -> bool:
+    """Point `path` at the memory file; False (nothing left behind) when it cannot be read
+    back through the link, e.g. /proc not mounted or links not allowed in the folder."""
+    try:
+        os.symlink(f"/proc/{os.getpid()}/fd/{fd}", path)
+    except OSError:
+        return False
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return True
+    except OSError:
+        pass
+    path.unlink(missing_ok=True)
+    return False
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sm70ctl.errors import Sm70Error
+from sm70ctl.secrets import redact
 
 TAIL_LINES = 40
-MASK = "***"
 
 
 # --- errors ---------------------------------------------------------------------------
@@ -79,14 +79,14 @@ class ServerLog:
 
     def note(self, line: str, *, echo: bool = False) -> None:
         """A supervisor line (prefixed so it stands out from the server's own lines)."""
+        line = redact(line, self._secrets)
         with self._lock:
             self._logger.info("[sm70ctl] %s", line)
         if echo and self._echo:
             self._echo(f"[sm70ctl] {line}")
 
     def server_line(self, line: str) -> None:
-        for secret in self._secrets:
-            line = line.replace(secret, MASK)
+        line = redact(line, self._secrets)
         with self._lock:
             self.tail.append(line)
             self._logger.info("%s", line)

@@ -192,6 +192,7 @@ def run_serve(
     from sm70ctl.runtime.manifest import entry_dir
     from sm70ctl.runtime.port_lock import port_lock
     from sm70ctl.runtime.secrets import secrets_file
+    from sm70ctl.secrets import secret_values
     from sm70ctl.serve.preflight import failures, run_checks
 
     out = Output(json_mode)
@@ -204,7 +205,10 @@ def run_serve(
                 "--device cpu needs a CPU settings profile: " + "; ".join(problems),
                 hint="see docs/serve.md (the CPU profile), e.g. --env-file tests/e2e/cpu.env",
             )
-    secrets = [s.get_secret_value() for s in (settings.api_key, settings.hf_token) if s]
+    # Every value to keep out of output and logs: the settings' secrets and whatever an
+    # inherited secret-named variable holds (VLLM_API_KEY, HF_TOKEN...).
+    secrets = secret_values(environ, extra=[s.get_secret_value() for s in
+                                            (settings.api_key, settings.hf_token) if s])
     argv = vllm_argv(settings)
     shown_argv = redact_argv(argv)
 
@@ -313,7 +317,7 @@ def _launch(
     log.note(f"command: {shown}")
     for k, v in sorted(mask_env(managed, secrets).items()):
         log.note(f"managed env: {k}={v}")
-    inherited = unmanaged(environ, managed)
+    inherited = unmanaged(environ, managed, secrets)
     for name, value, influential in inherited:
         log.note(f"inherited env (not managed){' [may affect vLLM]' if influential else ''}: "
                  f"{name}={value}")
