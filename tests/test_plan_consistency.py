@@ -19,9 +19,12 @@ from sm70ctl.plan.run import plan_for_settings
 from sm70ctl.settings import load_settings
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
-# (--gpus, SM70_MAX_MODEL_LEN): the two refused plans, one past the budget and one
-# whose KV pool is short of the max model length
-REFUSED = [("2x16GiB", 262_144), ("2xv100", 1_048_576)]
+# (--gpus, SM70_MAX_MODEL_LEN, other settings): the two refused plans, one past the
+# budget and one whose KV pool is short of the max model length; then the latter with
+# vLLM's unified pool layout and with two pipeline stages
+REFUSED = [("2x16GiB", 262_144, {}), ("2xv100", 1_048_576, {}),
+           ("2xv100", 1_048_576, {"SM70_SPLIT_POOLS": "false"}),
+           ("4x16GiB", 1_048_576, {"SM70_PIPELINE_PARALLEL_SIZE": "2", "SM70_GPUS": "0,1,2,3"})]
 
 
 def _settings(tmp_path: Path, **env: Any):
@@ -41,9 +44,13 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize(("gpus", "max_len"), REFUSED)
-def test_every_what_fits_row_holds_when_applied(tmp_path: Path, gpus: str, max_len: int) -> None:
-    run = _plan(tmp_path, gpus, SM70_MAX_MODEL_LEN=max_len)
+@pytest.mark.parametrize(("gpus", "max_len", "env"), REFUSED)
+def test_every_what_fits_row_holds_when_applied(tmp_path: Path, gpus: str, max_len: int,
+                                                env: dict[str, str]) -> None:
+    def _plan_with(**more: Any):
+        return _plan(tmp_path, gpus, **env, **more)
+
+    run = _plan_with(SM70_MAX_MODEL_LEN=max_len)
     assert not run.plan.fits
     needed = run.inputs.tensor_parallel_size * run.inputs.pipeline_parallel_size
     rows = what_fits(run.model, run.inputs, run.gpus.gpus[:needed])
@@ -52,7 +59,7 @@ def test_every_what_fits_row_holds_when_applied(tmp_path: Path, gpus: str, max_l
     for row in rows:
         promised = row["longest_sequence"]
         # the row's settings, as a user sets them, with the max model length it promises
-        at = _plan(tmp_path, gpus, **row["settings"], SM70_MAX_MODEL_LEN=max(promised, 1024))
+        at = _plan_with(**row["settings"], SM70_MAX_MODEL_LEN=max(promised, 1024))
         if promised < 1024:
             assert not at.plan.fits, row
             continue
@@ -63,10 +70,9 @@ def test_every_what_fits_row_holds_when_applied(tmp_path: Path, gpus: str, max_l
         # the promise is the longest: one block more does not fit
         block = at.plan.gpus[0].layout.block_size
         if promised + block <= 1_048_576:
-            longer = _plan(tmp_path, gpus, **row["settings"],
-                           SM70_MAX_MODEL_LEN=promised + block)
+            longer = _plan_with(**row["settings"], SM70_MAX_MODEL_LEN=promised + block)
             assert not longer.plan.fits, row
-        held = _plan(tmp_path, gpus, **row["settings"], SM70_MAX_MODEL_LEN=max_len)
+        held = _plan_with(**row["settings"], SM70_MAX_MODEL_LEN=max_len)
         assert held.plan.fits is row["holds_max_model_len"], row
     assert applied_some
 
