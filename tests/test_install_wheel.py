@@ -101,6 +101,18 @@ def test_installed_package_is_the_wheel_not_the_checkout(installed: dict[str, Pa
     assert Path(csrc) == installed["purelib"] / "vllm_patch" / "_csrc"
 
 
+def test_the_readmes_first_commands_run_from_the_wheel(installed: dict[str, Path]) -> None:
+    # `pip install . && sm70ctl doctor; sm70ctl plan`: the plan needs the packaged model
+    # description and the env schema, both package data
+    tmp = installed["tmp"]
+    res = _run([str(installed["bin"] / "sm70ctl"), "plan", "--json", "--gpus", "2xv100"],
+               cwd=tmp, env=_env(tmp))
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["fits"] is True and data["model"]["source"].startswith("built-in")
+    assert Path(data["model"]["path"]).is_relative_to(installed["purelib"])
+
+
 def test_dry_run_reports_the_checkouts_csrc_hash(installed: dict[str, Path]) -> None:
     tmp = installed["tmp"]
     checkout = source_hash(ROOT / "csrc")
