@@ -15,6 +15,7 @@ import re
 import struct
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,9 +98,17 @@ def _get_bytes(lib: ctypes.CDLL, prog: ctypes.c_void_p, size_fn: str, get_fn: st
 
 
 def nvrtc_compile(
-    source: str, name: str, name_expressions: list[str], tc: Toolchain, arch: str = "sm_70"
+    source: str,
+    name: str,
+    name_expressions: list[str],
+    tc: Toolchain,
+    arch: str = "sm_70",
+    include_dirs: Sequence[Path] = (),
 ) -> tuple[str, bytes, dict[str, str]]:
-    """Compile one translation unit; returns (ptx, cubin, lowered names)."""
+    """Compile one translation unit; returns (ptx, cubin, lowered names).
+
+    Headers are included relative to csrc/ ("gemv/gptq_gemv.cuh"); include_dirs adds more.
+    """
     lib = ctypes.CDLL(str(tc.nvrtc_lib))
     prog = ctypes.c_void_p()
     _check(
@@ -110,7 +119,8 @@ def nvrtc_compile(
     try:
         for expr in name_expressions:
             _check(lib, lib.nvrtcAddNameExpression(prog, expr.encode()), f"add {expr}")
-        opts = [f"-arch={arch}", "-std=c++17", "-default-device", f"-I{CSRC / 'kernels'}"]
+        opts = [f"-arch={arch}", "-std=c++17", "-default-device", f"-I{CSRC}"]
+        opts += [f"-I{d}" for d in include_dirs]
         opts += [f"-I{d}" for d in tc.include_dirs]
         arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
         rc = lib.nvrtcCompileProgram(prog, len(opts), arr)

@@ -1,8 +1,10 @@
-"""Every kernel variant the torch extension launches, with its launch shape.
+"""Every kernel instantiation the torch extension launches, with its launch shape.
 
-The NVRTC check (tests/test_kernels_compile.py) compiles exactly these instantiations for
-sm_70, and the launchers in csrc/torch_bindings use the same block sizes and no dynamic
-shared memory; keep the two in step when a variant is added.
+The NVRTC check (tests/test_kernels_compile.py) compiles exactly these instantiations (the
+Volta ones for sm_70, the H200 timing ones for sm_90) and pins their resources
+(tests/data/kernel_resources.json, made by sm70ctl.kernels.resources); the launchers in
+csrc/ use the same block sizes and no dynamic shared memory: keep the two in step when an
+instantiation is added. Headers are named relative to csrc/.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class KernelVariant:
-    header: str  # file under csrc/kernels
+    header: str  # file under csrc/, e.g. "gemv/gptq_gemv.cuh"
     expr: str  # C++ name expression that instantiates the kernel
     threads: int  # threads per block used by the launcher
     dynamic_smem: int = 0  # bytes of dynamic shared memory the launcher requests
@@ -23,67 +25,55 @@ class KernelVariant:
 
 
 def gemv_rows(m: int) -> int:
-    """Rows per warp for an M-row GEMV (mirrors GemvRows<M> in gptq_gemv.cuh)."""
+    """Rows per warp of the classic M-row GEMV (mirrors GemvRows<M> in gemv/classic.cuh)."""
     return 4 if m <= 4 else 2
 
 
+GEMV = "gemv/gptq_gemv.cuh"
+DECODE = "attention/paged_decode.cuh"
 GQA_GROUP = 6  # Qwen3.8-27B: 24 query heads over 4 KV heads
 MAX_QUERY_ROWS = 4  # 1 + MTP k=3
-GEMV_SK_STAGES = (2, 3)  # stream-K GEMV pipeline depths (R = 8 spills at 128 registers)
+VOLTA = "sm70::arch::Sm70"  # the architecture tag a V100 runs (csrc/common/arch.cuh)
+H200 = "sm70::arch::Sm80"  # the m16n8k16 tag of the sm_80+ test GPU
 
 VARIANTS: tuple[KernelVariant, ...] = (
+    # M = 1 (decode): streamed, packed-half math, 2 rows per warp
+    KernelVariant(GEMV, "sm70::gptq_gemv_stream_kernel<2>", 128),
+    # M = 2..8 (MTP verification): the tensor-core kernel, 4 or 8 warps per row tile
+    *(KernelVariant(GEMV, f"sm70::gptq_gemv_tc_kernel<{VOLTA}, {w}, 1>", 32 * w) for w in (4, 8)),
+    # M = 2..8 where the tensor-core kernel's K rules do not hold, or N is small
     *(
-        KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_kernel<{m}, {gemv_rows(m)}>", 128)
-        for m in range(1, 9)
+        KernelVariant(GEMV, f"sm70::gptq_gemv_kernel<{m}, {gemv_rows(m)}>", 128)
+        for m in range(2, 9)
     ),
-    *(
-        KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_stream_kernel<4, {u}>", 128)
-        for u in (1, 2)
-    ),
-    # streamed M = 1 with x in dynamic shared memory (kernels 6, 7), up to K = 24576
-    *(
-        KernelVariant(
-            "gptq_gemv.cuh", f"sm70::gptq_gemv_stream_kernel<{r}, {u}, true>", 128, 48 * 1024
-        )
-        for r, u in ((4, 2), (8, 1))
-    ),
-    # streamed M = 1 with packed-half math (kernels 8, 9, 13): R = 4, U = 1 / 2; R = 2, U = 1
-    *(
-        KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_stream_kernel<{r}, {u}, false, true>", 128)
-        for r, u in ((4, 1), (4, 2), (2, 1))
-    ),
-    # tensor-core GEMV, M = 1..8 (kernels 10, 11): the m8n8k4 variant (the m16n8k16 one is
-    # sm_80+ only, for the H200 test GPU)
-    *(
-        KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_tc_kernel<false, {w}, 1>", 32 * w)
-        for w in (4, 8)
-    ),
-    # stream-K M = 1 (kernels 4, 5): R = 4 rows, S = 2 / 3 pipeline stages
-    *(
-        KernelVariant("gptq_gemv.cuh", f"sm70::gptq_gemv_sk_kernel<4, {s}>", 128)
-        for s in GEMV_SK_STAGES
-    ),
-    KernelVariant("kv_int8.cuh", "sm70::kv_int8_write_kernel<256>", 128),
+    KernelVariant("attention/kv_int8.cuh", "sm70::kv_int8_write_kernel<256>", 128),
     # batch 1 (or one split per sequence), and batches sharing their chunks by length
     *(
-        KernelVariant(
-            "paged_decode.cuh",
-            f"sm70::paged_decode_kernel<{GQA_GROUP}, {qn}, false, {batched}>",
-            128,
-        )
-        for batched in ("false", "true")
+        KernelVariant(DECODE, f"sm70::paged_decode_kernel<{GQA_GROUP}, {qn}, {VOLTA}, {b}>", 128)
+        for b in ("false", "true")
         for qn in range(1, MAX_QUERY_ROWS + 1)
     ),
     *(
-        KernelVariant(
-            "paged_decode.cuh",
-            f"sm70::paged_decode_reduce_kernel<{GQA_GROUP}, {qn}, {batched}>",
-            256,
-        )
-        for batched in ("false", "true")
+        KernelVariant(DECODE, f"sm70::paged_decode_reduce_kernel<{GQA_GROUP}, {qn}, {b}>", 256)
+        for b in ("false", "true")
         for qn in range(1, MAX_QUERY_ROWS + 1)
     ),
-    KernelVariant("int8_gemm_lowrank.cuh", "sm70::lowrank_gemm_kernel", 128),
+    KernelVariant("gemm/int8_gemm_lowrank.cuh", "sm70::lowrank_gemm_kernel", 128),
+)
+
+# The H200 timing instantiations (m16n8k16), compiled for sm_90 by the resource report: the
+# tensor-core GEMV's three pipelines (4 warps, 1 or 2 accumulator chains; 8 warps) and the
+# decode kernel.
+H200_VARIANTS: tuple[KernelVariant, ...] = (
+    *(
+        KernelVariant(GEMV, f"sm70::gptq_gemv_tc_kernel<{H200}, {w}, {ch}>", 32 * w)
+        for w, ch in ((4, 1), (4, 2), (8, 1))
+    ),
+    *(
+        KernelVariant(DECODE, f"sm70::paged_decode_kernel<{GQA_GROUP}, {qn}, {H200}, {b}>", 128)
+        for b in ("false", "true")
+        for qn in range(1, MAX_QUERY_ROWS + 1)
+    ),
 )
 
 

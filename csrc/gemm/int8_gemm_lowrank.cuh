@@ -1,8 +1,8 @@
 // int8 GEMM with a fused, per-row low-rank correction (prefill-sized M):
 //   y = x W + mask[m] * ((x A) B) (+ bias)
-// W uses the GEMV layout (gptq_gemv.cuh: qw [N, K] uint8 + sz [N, K/G] half2). A is given
-// transposed, at [r, K] fp16, and B transposed, bt [N, r] fp16, so every weight operand is
-// "output-major, reduction contiguous", which is the column-major B operand of m8n8k4.
+// W uses the GEMV layout (gemv/gemv_common.cuh: qw [N, K] uint8 + sz [N, K/G] half2). A is
+// given transposed, at [r, K] fp16, and B transposed, bt [N, r] fp16, so every weight operand
+// is "output-major, reduction contiguous", which is the column-major B operand of m8n8k4.
 //
 // Two launches of one kernel: (1) t = mask * (x A) with fp16 weights at (N = r), rows with
 // mask 0 stored as zeros and fully unmasked tiles skipped; (2) y = [x | t] [W ; B] with
@@ -13,7 +13,7 @@
 // m8n8k4 instructions, instruction j covering row block j and quad pair p column block p.
 #pragma once
 
-#include "sm70_common.cuh"
+#include "common/mma.cuh"
 
 namespace sm70 {
 

@@ -8,7 +8,7 @@
 // head_dim values and q = round(x / scale) in [-127, 127] (an all-zero row stores scale 0).
 #pragma once
 
-#include "sm70_common.cuh"
+#include "common/sm70.cuh"
 
 namespace sm70 {
 

@@ -1,0 +1,49 @@
+// The op schemas of torch.ops.sm70.* (the one TORCH_LIBRARY block), and the process-wide
+// architecture path. The CUDA implementations are registered by one .cu per family
+// (gemv.cu, gemm.cu, attention.cu); the ops without tensor arguments are bound here.
+#include <torch/library.h>
+
+#include <atomic>
+#include <string>
+
+#include "torch_bindings/bindings_common.h"
+
+namespace sm70_bindings {
+namespace {
+
+// "native" (false): each device runs its own architecture's instantiations. "sm70" (true):
+// the Volta m8n8k4 ones on any GPU, so a test GPU checks the code a V100 runs. Not for
+// serving: vLLM never sets it.
+std::atomic<bool> g_force_sm70{false};
+
+void set_arch_path(std::string path) {
+  TORCH_CHECK(path == "native" || path == "sm70",
+              "set_arch_path: path must be \"native\" or \"sm70\", got \"" + path + "\"");
+  g_force_sm70.store(path == "sm70");
+}
+
+std::string arch_path() { return g_force_sm70.load() ? "sm70" : "native"; }
+
+}  // namespace
+
+bool arch_path_forces_sm70() { return g_force_sm70.load(); }
+
+}  // namespace sm70_bindings
+
+TORCH_LIBRARY(sm70, m) {
+  m.def("gptq_gemv(Tensor x, Tensor qw, Tensor sz, int group_size, Tensor? bias) -> Tensor");
+  m.def(
+      "kv_int8_write(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor(c!) k_scale, Tensor(d!) v_scale, Tensor slot_mapping) -> ()");
+  m.def(
+      "paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_scale, Tensor v_scale, "
+      "Tensor block_tables, Tensor seq_lens, int q_per_seq, float sm_scale, int num_splits) "
+      "-> Tensor");
+  m.def("paged_decode_blocks_per_sm(int q_per_seq, int device=-1) -> int",
+        &sm70_bindings::paged_decode_blocks_per_sm);
+  m.def(
+      "int8_gemm_lowrank(Tensor x, Tensor qw, Tensor sz, int group_size, Tensor? bias, "
+      "Tensor? a_t, Tensor? b_t, Tensor? row_mask) -> Tensor");
+  m.def("set_arch_path(str path) -> ()", &sm70_bindings::set_arch_path);
+  m.def("arch_path() -> str", &sm70_bindings::arch_path);
+}
