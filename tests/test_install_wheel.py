@@ -142,14 +142,19 @@ def test_relock_refuses_when_the_sources_are_gone(installed: dict[str, Path]) ->
     lock = tmp / "relock.toml"
     lock.write_text(packaged_lock_path().read_text(encoding="utf-8"))
     before = lock.read_text()
-    shutil.rmtree(installed["purelib"] / "vllm_patch" / "_csrc")  # last test: nothing after
-    res = _run([str(installed["bin"] / "sm70ctl"), "build", "--relock", "--lock", str(lock)],
-               cwd=tmp, env=_env(tmp))
-    assert res.returncode == 1
-    err = " ".join(res.stderr.split())
-    assert "no kernel sources" in err and "Traceback" not in res.stderr
-    assert lock.read_text() == before
-    dry = _run([str(installed["bin"] / "sm70ctl"), "build", "--dry-run", "--lock", str(lock)],
-               cwd=tmp, env=_env(tmp))
-    assert dry.returncode == 1 and "no kernel sources" in dry.stderr
-    assert "--relock" not in dry.stdout + dry.stderr
+    shipped = installed["purelib"] / "vllm_patch" / "_csrc"
+    aside = tmp / "csrc-aside"
+    shipped.rename(aside)  # the install: a package without its kernel sources
+    try:
+        res = _run([str(installed["bin"] / "sm70ctl"), "build", "--relock", "--lock",
+                    str(lock)], cwd=tmp, env=_env(tmp))
+        assert res.returncode == 1
+        err = " ".join(res.stderr.split())
+        assert "no kernel sources" in err and "Traceback" not in res.stderr
+        assert lock.read_text() == before
+        dry = _run([str(installed["bin"] / "sm70ctl"), "build", "--dry-run", "--lock",
+                    str(lock)], cwd=tmp, env=_env(tmp))
+        assert dry.returncode == 1 and "no kernel sources" in dry.stderr
+        assert "--relock" not in dry.stdout + dry.stderr
+    finally:
+        aside.rename(shipped)
