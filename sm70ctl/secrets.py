@@ -90,7 +90,9 @@ def is_secret_name(name: str) -> bool:
     for word in words:
         if word in _PLAIN_WORDS:
             continue
-        if word in _SECRET_WORDS or _SECRET_WORD_END.search(word):
+        # TOKEN* errs towards masking (TOKENIZERS_PARALLELISM): a hidden harmless flag
+        # costs less than a shown secret; only the counting word TOKENS is plain.
+        if word in _SECRET_WORDS or _SECRET_WORD_END.search(word) or word.startswith("TOKEN"):
             return True
         if len(word) >= 5 and _near(word, _NEAR_WORDS, 1):
             return True
