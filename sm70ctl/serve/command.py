@@ -109,11 +109,14 @@ def _gather(
     from sm70ctl.runtime import probes as rprobes
     from sm70ctl.runtime.cache_status import cache_status
     from sm70ctl.runtime.port_lock import port_lock_path
+    from sm70ctl.runtime.probes import GpuUse
     from sm70ctl.serve import probes
     from sm70ctl.serve.preflight import CacheState, PreflightInputs
     from sm70ctl.settings.rules import is_loopback
 
-    gpus, nvml_error, indices = [], None, None
+    gpus: list[GpuUse] = []
+    nvml_error: str | None = None
+    indices: list[int] | None = None
     if device == "cuda":
         gpus, nvml_error = rprobes.probe_gpus(settings)
         if nvml_error is None:

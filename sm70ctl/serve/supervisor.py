@@ -36,13 +36,14 @@ def next_backoff(
 # --- supervision ----------------------------------------------------------------------
 @dataclass
 class Events:
-    """Callbacks for what people see; the supervisor itself prints nothing."""
+    """Callbacks for what people see; the supervisor itself prints nothing (what a callback
+    returns is ignored)."""
 
-    starting: Callable[[int, int], None] = lambda attempt, pid: None
+    starting: Callable[[int, int], object] = lambda attempt, pid: None
     tick: Callable[[float, str], None] | None = None
-    ready: Callable[[float], None] = lambda seconds: None
-    restarting: Callable[[int, float, str], None] = lambda failures, delay, why: None
-    stopping: Callable[[], None] = lambda: None
+    ready: Callable[[float], object] = lambda seconds: None
+    restarting: Callable[[int, float, str], object] = lambda failures, delay, why: None
+    stopping: Callable[[], object] = lambda: None
 
 
 def supervise(

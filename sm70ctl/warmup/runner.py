@@ -23,7 +23,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +115,7 @@ def new_files(before: set[str], after: set[str]) -> list[str]:
 
 # --- edges ------------------------------------------------------------------------------
 def compiled_files(entry: Path) -> set[str]:
-    out = set()
+    out: set[str] = set()
     for sub in COMPILED_SUBPATHS:
         root = Path(entry) / sub
         if root.is_dir():
@@ -261,9 +261,7 @@ def exercise(spec: Any, model: str) -> int:
 
 
 def _with(settings: SettingsView, **changes: Any) -> SettingsView:
-    if hasattr(settings, "model_copy"):
-        return settings.model_copy(update=changes)
-    return replace(settings, **changes)
+    return settings.model_copy(update=changes)
 
 
 def capabilities(settings: SettingsView, device: str) -> Capabilities:
