@@ -204,3 +204,20 @@ def test_fuzz_warmup_manifest(tmp_path: Path, data: bytes) -> None:
         assess("0123456789abcdef", {"a": "b"}, m, [])
 
     _check(load, entry / MANIFEST, data)
+
+
+_LOCK_HEAD = ('schema = 1\n[toolchain]\ncuda = "12.8"\ngcc_min = "11.4"\ngcc_max_major = 14\n'
+              'python = "3.11"\ncuda_arch_list = "7.0"\n')
+_lock_tail = st.lists(st.one_of(
+    st.sampled_from(["[git]", "[[git]]", "[[archive]]", "[[wheel]]", "[[local]]", "[models.m]",
+                     'name = "x"', 'url = "file:///x"', "commit = 1", 'sha256 = "ab"',
+                     "stray = true", "git = 3", "schema = 2", "wheel = []", "[toolchain]"]),
+    st.text(alphabet=string.printable, max_size=30)), max_size=8)
+
+
+@FUZZ
+@given(data=st.one_of(_raw, _lock_tail.map(lambda ls: (_LOCK_HEAD + "\n".join(ls)).encode())))
+def test_fuzz_build_lock(spot: Path, data: bytes) -> None:
+    from sm70ctl.build.lock import load_lock
+
+    _check(load_lock, spot, data)
