@@ -61,3 +61,11 @@ def test_missing_git_object_fails_mirror_verify(tmp_path: Path) -> None:
                   up.env())
     assert bad.returncode == 1
     assert json.loads(bad.stdout)["items"][0]["status"] == "mismatch"
+
+
+def test_too_long_mirror_path_is_one_line(tmp_path: Path) -> None:
+    up = make_upstream(tmp_path)
+    res = sm70ctl(["mirror", "verify", str(tmp_path / ("m" * 300)), "--lock", str(up.lock)],
+                  up.env())
+    assert res.returncode == 1
+    assert "Traceback" not in res.stderr and "limit 255 bytes" in res.stderr

@@ -203,10 +203,11 @@ def mirror_verify(
     from sm70ctl.build.mirror import check_mirror
     from sm70ctl.errors import Sm70Error
     from sm70ctl.output import Output
+    from sm70ctl.readers import check_path
 
     out = Output(json_out)
     the_lock = load_lock(lock)
-    if not directory.is_dir():
+    if not check_path(directory, "mirror folder").is_dir():
         raise Sm70Error(f"mirror folder {directory} does not exist")
     items = check_mirror(the_lock, directory, hashes=True)
     bad = [i for i in items if i.status in ("missing", "mismatch")]

@@ -24,6 +24,7 @@ from sm70ctl.build.lock import Archive, GitSource, Lock, Wheel
 from sm70ctl.build.sources import FetchError, copy_verified, download, git_env
 from sm70ctl.errors import Sm70Error
 from sm70ctl.fsutil import atomic_write_text, rmtree_quiet, sha256_file
+from sm70ctl.readers import check_path
 
 
 class MirrorError(Sm70Error):
@@ -148,7 +149,7 @@ def check_mirror(lock: Lock, mirror: Path, *, hashes: bool) -> list[Item]:
 
 def require_complete(lock: Lock, mirror: Path) -> None:
     """Offline pre-flight: fail listing EVERY missing item, before any work starts."""
-    if not mirror.is_dir():
+    if not check_path(mirror, "mirror folder").is_dir():
         raise MirrorError(
             f"mirror folder {mirror} does not exist",
             hint="create one on a connected machine with `sm70ctl mirror create DIR`",
