@@ -1,36 +1,63 @@
-"""No dead knobs: every SM70_* variable changes what each of its consumers receives.
+"""No dead knobs: every SM70_* variable changes what the production code that consumes it
+produces.
 
-Parametrised over all 98 variables: each is set to its schema example (a valid,
-non-default value) and, for every consumer the schema declares, the consumer's output at
-the declared target must differ from the output with defaults. The reverse holds too:
-every field a consumer receives is declared by some variable.
+Each of the 98 variables is set to its schema example (a valid non-default value, with the
+companions `example_with` names), and every consumer the schema declares is run twice, on
+the defaults and on the changed settings; what it produces must differ. The consumers are the
+real ones, called through their modules (so the mutation test below can replace them):
+  vllm_flag / vllm_secret / vllm_env  sm70ctl.runtime's command line, secrets file, environment
+  plugin      the plugin config that environment carries, read back by vllm_patch.config, and
+              for the fields the plugin acts on, what vllm_patch.plugin registers from it
+  kernel      the compile-cache fingerprint (names the cache folder)
+  build       sm70ctl build's BuildConfig and the environment of its compile steps
+  plan        PlanInputs.from_settings (what every plan computes with)
+  supervisor  serve's pre-flight inputs (the world probed through fakes) and the ServerLog /
+              ServerSpec the launch builds
+  doctor      DoctorConfig.from_settings;  weights  FetchConfig.from_settings
+A consumer marked `pending: N` in the schema is produced but read by no code yet (issue N):
+it is still checked to receive the value, and the variables with nothing else are listed as
+not consumed yet. The mutation test makes production consumers ignore a variable and checks
+that `dead_consumers` reports it.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+import dataclasses
+import importlib.util
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from sm70ctl.runtime.command_line import vllm_argv
-from sm70ctl.runtime.compile_cache import compile_fingerprint, compile_key_items
-from sm70ctl.runtime.environment import vllm_env as _vllm_env
-from sm70ctl.runtime.plugin_config import plugin_config_obj
-from sm70ctl.runtime.secrets import secrets_yaml
+from sm70ctl.build import command as build_command
+from sm70ctl.build import plan as build_plan
+from sm70ctl.build.toolchain import BYTES_PER_NVCC_JOB, ToolchainProbe
+from sm70ctl.doctor.config import DoctorConfig
+from sm70ctl.output import Output
+from sm70ctl.plan.plan import PlanInputs
+from sm70ctl.runtime import command_line, compile_cache, environment, secrets
+from sm70ctl.runtime.plugin_config import PLUGIN_CONFIG_ENV
+from sm70ctl.serve import command as serve_command
 from sm70ctl.settings import SettingsError, load_schema, load_settings
-from sm70ctl.settings.consumers import CONSUMER_FUNCTIONS
+from sm70ctl.settings.schema import VarSpec, parse_schema
+from sm70ctl.weights.fetch import FetchConfig
+from vllm_patch import plugin
+from vllm_patch.config import PluginConfig
 
 SCHEMA = load_schema()
-DEFAULTS = load_settings({})
+# What the fake toolchain probe reports: memory for one compile job, so that MAX_JOBS
+# derived from it is 1 on any machine, never the example's value.
+PROBE = ToolchainProbe(nvcc="/opt/cuda/bin/nvcc", nvcc_release="12.8", cuda_home="/opt/cuda",
+                       host_cc="gcc", host_cc_version="12.2.0",
+                       mem_available=BYTES_PER_NVCC_JOB)
 
 
-def vllm_env(settings: Any) -> dict[str, str]:
-    return _vllm_env(settings, p2p_available=None)
-
-
-def flag_view(argv: list[str], flag: str) -> tuple[str, ...]:
+# --- the consumers ---------------------------------------------------------------------
+def _flag(argv: list[str], flag: str) -> tuple[str, ...]:
     """Every occurrence of a flag (or its --no- form) with its value, if it takes one."""
     negated = "--no-" + flag[2:]
     seen: list[str] = []
@@ -42,126 +69,283 @@ def flag_view(argv: list[str], flag: str) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def consumer_view(kind: str, target: str, settings: Any) -> Any:
+def _env(settings: Any) -> dict[str, str]:
+    return environment.vllm_env(settings, p2p_available=None)
+
+
+def _plugin_config(settings: Any) -> PluginConfig:
+    """What the plugin reads: the config the vLLM environment carries, parsed by the plugin."""
+    return PluginConfig.from_env({PLUGIN_CONFIG_ENV: _env(settings)[PLUGIN_CONFIG_ENV]})
+
+
+def _registered_quantization(config: PluginConfig) -> str:
+    """What the plugin registers for this config, with vLLM's side replaced by a recorder
+    (sm70_gptq imports vLLM and torch, which the CPU test environment lacks)."""
+    fake = types.ModuleType("vllm_patch.quantization.sm70_gptq")
+    fake.register = lambda rows, lm_head: f"sm70_gptq rows={rows} lm_head={lm_head}"
+    real_find_spec = importlib.util.find_spec
+    saved = sys.modules.get(fake.__name__)
+    sys.modules[fake.__name__] = fake
+    importlib.util.find_spec = lambda name, *a: (  # type: ignore[assignment]
+        object() if name == "vllm" else real_find_spec(name, *a))
+    try:
+        return plugin._register_quantization(config)
+    finally:
+        importlib.util.find_spec = real_find_spec  # type: ignore[assignment]
+        if saved is None:
+            sys.modules.pop(fake.__name__, None)
+        else:
+            sys.modules[fake.__name__] = saved
+
+
+# Plugin fields the plugin's code acts on today, and how to see what it did with them.
+PLUGIN_EFFECTS: dict[str, Callable[[PluginConfig], Any]] = {
+    "gemm.int8_gemv": _registered_quantization,
+    "gemm.gemv_max_rows": _registered_quantization,
+    "gemm.int8_lm_head": _registered_quantization,
+}
+
+
+def _plugin(target: str, settings: Any) -> Any:
+    config = _plugin_config(settings)
+    effect = PLUGIN_EFFECTS.get(target)
+    if effect is not None:
+        return effect(config)
+    value: Any = config
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _build(target: str, settings: Any) -> Any:
+    cfg = build_command._config(settings, mirror=None, offline=False, stop_after="install")
+    if target.isupper():  # a variable of the compile steps' environment
+        return build_plan._compile_env(cfg, PROBE).get(target)
+    return getattr(cfg, target)
+
+
+class _Recorded:
+    """What the fakes below saw during one supervisor run."""
+
+    def __init__(self) -> None:
+        self.log: dict[str, Any] = {}
+        self.spec: Any = None
+        self.lock_paths: list[Path] = []
+
+
+def _supervisor(target: str, settings: Any, world: _Recorded) -> Any:
+    obj, _, field = target.partition(".")
+    if obj in ("PreflightInputs", "port_lock"):
+        gathered = serve_command._gather(settings, "cuda", allow_cold=False, lock_ours=False,
+                                         environ={})
+        if obj == "port_lock":
+            return tuple(world.lock_paths)
+        return getattr(gathered["inputs"], field)
+    serve_command._launch(settings, Output(json_mode=True), ["vllm"], {}, {}, [], None, {},
+                          Path("serve.lock"), threading.Event(), [])
+    if obj == "ServerLog":
+        return world.log[field]
+    return getattr(world.spec, field)
+
+
+def consumer_output(kind: str, target: str, settings: Any, world: _Recorded) -> Any:
+    """What the production consumer `kind` produces at `target` for these settings."""
     if kind == "vllm_flag":
-        argv = vllm_argv(settings)
-        if target == "PYTHON":
-            return argv[0]
-        return flag_view(argv, target)
+        argv = command_line.vllm_argv(settings)
+        return argv[0] if target == "PYTHON" else _flag(argv, target)
     if kind == "vllm_secret":
-        text = secrets_yaml(settings)
-        return None if text is None else yaml.safe_load(text).get(target)
+        text = secrets.secrets_yaml(settings)
+        if text is None:
+            return None
+        import yaml
+
+        return yaml.safe_load(text).get(target)
     if kind == "vllm_env":
-        return vllm_env(settings).get(target)
+        return _env(settings).get(target)
     if kind == "plugin":
-        return plugin_config_obj(settings).get(target)
+        return _plugin(target, settings)
     if kind == "kernel":
-        return compile_key_items(settings).get(target), compile_fingerprint(settings)
-    return getattr(CONSUMER_FUNCTIONS[kind](settings), target)
+        return compile_cache.compile_fingerprint(settings)
+    if kind == "build":
+        return _build(target, settings)
+    if kind == "plan":
+        return getattr(PlanInputs.from_settings(settings), target)
+    if kind == "supervisor":
+        return _supervisor(target, settings, world)
+    if kind == "doctor":
+        return getattr(DoctorConfig.from_settings(settings), target)
+    if kind == "weights":
+        return getattr(FetchConfig.from_settings(settings), target)
+    raise AssertionError(f"no consumer of kind {kind!r} in this test")
 
 
-@pytest.mark.parametrize("spec", SCHEMA.variables, ids=[v.name for v in SCHEMA.variables])
-def test_non_default_value_reaches_every_consumer(spec):
+def _baseline(spec: VarSpec) -> Any:
+    """Defaults plus the example's companions where those alone are valid, so a companion
+    is never what makes the difference (SM70_HOST's example needs an API key)."""
+    try:
+        return load_settings(dict(spec.example_with))
+    except SettingsError:
+        # e.g. SM70_GPUS=0 alone breaks the GPU-count rule: then no companion may feed a
+        # consumer of this variable, or the difference could be the companion's.
+        for consumer in spec.consumers:
+            for other in spec.example_with:
+                assert consumer not in SCHEMA.by_name[other].consumers, (spec.name, other)
+        return load_settings({})
+
+
+def dead_consumers(spec: VarSpec, world: _Recorded) -> list[str]:
+    """The consumers of `spec` whose output its example value does not change."""
     changed = load_settings({spec.name: spec.example, **spec.example_with})
     baseline = _baseline(spec)
     assert changed.source_of(spec.name) == "environment"
-    for consumer in spec.consumers:
-        before = consumer_view(consumer.kind, consumer.target, baseline)
-        after = consumer_view(consumer.kind, consumer.target, changed)
-        assert before != after, (
-            f"{spec.name}={spec.example!r} does not change {consumer.kind}:{consumer.target}"
-        )
+    dead = []
+    for c in spec.consumers:
+        before = consumer_output(c.kind, c.target, baseline, world)
+        after = consumer_output(c.kind, c.target, changed, world)
+        if before == after:
+            dead.append(f"{spec.name}={spec.example!r} does not change {c.kind}:{c.target}")
+    return dead
 
 
-def test_example_companions_do_not_include_the_variable_itself():
+# --- the world the supervisor's consumers probe -----------------------------------------
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[_Recorded]:
+    from sm70ctl import locking
+    from sm70ctl.runtime import cache_status, probes, server
+    from sm70ctl.serve import probes as serve_probes
+    from sm70ctl.serve import supervisor
+
+    seen = _Recorded()
+
+    class FakeLog:
+        def __init__(self, path: Path, max_bytes: int, backups: int, **_: Any) -> None:
+            seen.log = {"path": path, "max_bytes": max_bytes, "backups": backups}
+
+        def note(self, *_: Any, **__: Any) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    def fake_supervise(spec: Any, log: Any, stop: Any, events: Any) -> int:
+        seen.spec = spec
+        return 0
+
+    def fake_holder(path: Path) -> None:
+        seen.lock_paths.append(path)
+
+    verdict = types.SimpleNamespace(warm=True, reason="warm", fingerprint="0" * 16)
+    monkeypatch.setattr(server, "ServerLog", FakeLog)
+    monkeypatch.setattr(supervisor, "supervise", fake_supervise)
+    monkeypatch.setattr(locking, "probe_holder", fake_holder)
+    monkeypatch.setattr(probes, "probe_gpus", lambda settings: ([], None))
+    monkeypatch.setattr(probes, "probe_executable", lambda path: True)
+    monkeypatch.setattr(serve_probes, "probe_port", lambda host, port: None)
+    monkeypatch.setattr(cache_status, "cache_status", lambda *a, **k: (verdict, {}))
+    monkeypatch.setattr(serve_command, "_plan_verdict", lambda settings, device: ("pass", ""))
+    monkeypatch.chdir(tmp_path)
+    yield seen
+
+
+# --- the tests --------------------------------------------------------------------------
+@pytest.mark.parametrize("spec", SCHEMA.variables, ids=[v.name for v in SCHEMA.variables])
+def test_non_default_value_changes_what_every_consumer_produces(spec: VarSpec,
+                                                                world: _Recorded) -> None:
+    assert not dead_consumers(spec, world)
+
+
+def test_every_variable_is_consumed_or_marked_pending() -> None:
+    for spec in SCHEMA.variables:
+        assert spec.consumed or spec.pending_issues, f"{spec.name}: nothing reads it, no issue"
+    # Each plugin field the plugin acts on must not be marked pending, and the reverse.
+    for spec in SCHEMA.variables:
+        for c in spec.consumers:
+            if c.kind == "plugin":
+                assert (c.target in PLUGIN_EFFECTS) == (c.pending is None), (
+                    f"{spec.name} -> {c.target}: the plugin acts on it, or it is pending")
+    assert len(SCHEMA.variables) == 98, len(SCHEMA.variables)
+
+
+def test_example_companions_do_not_include_the_variable_itself() -> None:
     for spec in SCHEMA.variables:
         assert spec.name not in spec.example_with
 
 
-def _baseline(spec: Any) -> Any:
-    """Defaults plus the example's companions where those alone are valid, so a companion
-    is never what makes the difference (e.g. SM70_HOST's example needs an API key)."""
-    if not spec.example_with:
-        return DEFAULTS
-    try:
-        return load_settings(dict(spec.example_with))
-    except SettingsError:
-        # e.g. SM70_GPUS=0 alone breaks the GPU-count rule; then the companions must
-        # not touch any target of this variable.
-        for consumer in spec.consumers:
-            for other in spec.example_with:
-                assert consumer not in SCHEMA.by_name[other].consumers, (spec.name, other)
-        return DEFAULTS
+def _ignoring(func: Callable[..., Any], attr: str, default: Any) -> Callable[..., Any]:
+    """`func` as if its author had forgotten one setting: it always sees the default."""
+    def wrapper(settings: Any, *args: Any, **kwargs: Any) -> Any:
+        return func(settings.model_copy(update={attr: default}), *args, **kwargs)
+
+    return wrapper
 
 
-def _leaves(obj: Any, prefix: str = "") -> list[str]:
-    out = []
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if hasattr(value, "__dataclass_fields__"):
-            out += _leaves(value, f"{prefix}{f.name}.")
-        else:
-            out.append(prefix + f.name)
-    return out
+# (variable, module, function): production consumers made to ignore one variable. The first
+# four are the ones issue 20 made dead without any test failing.
+MUTATIONS = [
+    ("SM70_LOG_MAX_BYTES", serve_command, "_launch"),
+    ("SM70_LOG_BACKUPS", serve_command, "_launch"),
+    ("SM70_MAX_JOBS", build_command, "_config"),
+    ("SM70_NVCC_THREADS", build_command, "_config"),
+    ("SM70_GPU_BUSY_MIB", serve_command, "_gather"),
+    ("SM70_PORT", command_line, "vllm_argv"),
+    ("SM70_CACHE_DIR", environment, "vllm_env"),
+    ("SM70_API_KEY", secrets, "secrets_yaml"),
+    ("SM70_KV_CACHE_BYTES", PlanInputs, "from_settings"),
+    ("SM70_GPUS", DoctorConfig, "from_settings"),
+    ("SM70_HF_TOKEN", FetchConfig, "from_settings"),
+]
 
 
-def _targets(kind: str) -> set[str]:
-    return {c.target for v in SCHEMA.variables for c in v.consumers if c.kind == kind}
+@pytest.mark.parametrize(("name", "owner", "func"), MUTATIONS,
+                         ids=[f"{n}-{f}" for n, _, f in MUTATIONS])
+def test_a_consumer_that_ignores_its_variable_is_reported(
+        name: str, owner: Any, func: str, world: _Recorded,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = SCHEMA.by_name[name]
+    assert not dead_consumers(spec, world)
+    attr_default = getattr(load_settings({}), spec.attr)
+    original = getattr(owner, func)
+    if isinstance(owner, type):  # a classmethod: wrap the bound function
+        bound = original
+        monkeypatch.setattr(owner, func, classmethod(
+            lambda cls, settings, *a, **k: bound(settings.model_copy(
+                update={spec.attr: attr_default}), *a, **k)))
+    else:
+        monkeypatch.setattr(owner, func, _ignoring(original, spec.attr, attr_default))
+    assert dead_consumers(spec, world), f"{name} ignored by {func} went unnoticed"
 
 
-@pytest.mark.parametrize("kind", sorted(CONSUMER_FUNCTIONS))
-def test_every_consumer_field_is_fed_by_a_variable(kind):
-    result = CONSUMER_FUNCTIONS[kind](DEFAULTS)
-    assert {f.name for f in fields(result)} == _targets(kind)
+def test_a_plugin_that_ignores_a_field_is_reported(world: _Recorded,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = SCHEMA.by_name["SM70_GEMV_MAX_ROWS"]
+    assert not dead_consumers(spec, world)
+    original = plugin._register_quantization
+    monkeypatch.setattr(plugin, "_register_quantization", lambda config: original(
+        dataclasses.replace(config, gemm=dataclasses.replace(config.gemm, gemv_max_rows=8))))
+    assert dead_consumers(spec, world)
 
 
-def test_every_plugin_field_is_fed_by_a_variable():
-    leaves = set(_leaves(plugin_config_obj(DEFAULTS))) - {"version"}
-    assert leaves == _targets("plugin")
+def test_a_fingerprint_that_leaves_out_a_key_is_reported(world: _Recorded,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = SCHEMA.by_name["SM70_GDN_KERNEL"]
+    original = compile_cache.compile_key_items
+    monkeypatch.setattr(compile_cache, "compile_key_items", lambda settings: {
+        k: v for k, v in original(settings).items() if k != spec.name})
+    assert any("kernel:" in d for d in dead_consumers(spec, world))
 
 
-def test_kernel_consumers_are_exactly_the_compile_key_variables():
-    marked = {v.name for v in SCHEMA.variables if v.compile_key}
-    assert marked == _targets("kernel") == set(compile_key_items(DEFAULTS))
+def test_schema_pending_marks_are_checked() -> None:
+    def doc(consumer: dict[str, Any]) -> dict[str, Any]:
+        var = {"name": "SM70_X", "category": "c", "type": "int", "default": 1, "summary": "s",
+               "help": "h", "consumers": [consumer]}
+        return {"version": 1, "categories": {"c": {"title": "C", "summary": "c"}},
+                "variables": [var]}
 
-
-def test_managed_env_vars_are_declared_or_fixed():
-    fixed = {"CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-             "VLLM_ALLOW_LONG_MAX_MODEL_LEN", "SM70_PLUGIN_CONFIG", "SM70_KERNELS_BUILD_DIR"}
-    env = _vllm_env(load_settings({"SM70_PROFILE_DIR": "/tmp/p"}), p2p_available=True)
-    assert set(env) - fixed <= _targets("vllm_env")
-    assert _targets("vllm_env") <= set(env)
-
-
-def test_every_emitted_flag_is_declared():
-    s = load_settings({"SM70_BLOCK_SIZE": "64", "SM70_ENFORCE_EAGER": "true",
-                       "SM70_API_KEY": "k"})
-    # --config carries the vllm_secret keys (the API key file), never a setting of its own
-    declared = _targets("vllm_flag") | {"--config"}
-    assert _targets("vllm_secret") == {"api-key"}
-    for arg in vllm_argv(s):
-        if arg.startswith("--"):
-            name = "--" + arg[len("--no-"):] if arg.startswith("--no-") else arg
-            assert name in declared, arg
-
-
-# The plan's and the doctor's consumer views above are their real inputs; check the
-# classes directly too, as the commands build them.
-REAL = {"plan": "sm70ctl.plan.plan:PlanInputs", "doctor": "sm70ctl.doctor.config:DoctorConfig"}
-
-
-@pytest.mark.parametrize("kind", sorted(REAL))
-def test_real_plan_and_doctor_inputs_see_their_variables(kind):
-    import importlib
-
-    module, name = REAL[kind].split(":")
-    build = getattr(importlib.import_module(module), name).from_settings
-    dead = []
-    for spec in SCHEMA.variables:
-        if not any(c.kind == kind for c in spec.consumers):
-            continue
-        changed = load_settings({spec.name: spec.example, **spec.example_with})
-        if build(changed) == build(_baseline(spec)):
-            dead.append(spec.name)
-    assert dead == [], f"{kind} ignores {dead}"
-
+    spec = parse_schema(doc({"kind": "plugin", "target": "a.b", "pending": 22})).variables[0]
+    assert not spec.consumed and spec.status() == "not consumed yet (issue 22)"
+    assert parse_schema(doc({"kind": "plan", "target": "x"})).variables[0].consumed
+    for bad in ({"kind": "plugin", "target": "a", "pending": "22"},
+                {"kind": "plugin", "target": "a", "pending": 0},
+                {"kind": "plugin", "target": "a", "pendng": 22}):
+        with pytest.raises(Exception, match="bad consumer"):
+            parse_schema(doc(bad))

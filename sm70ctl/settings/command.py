@@ -101,7 +101,8 @@ def list_(
             "secret": v.secret,
             "compile_key": v.compile_key,
             "summary": v.summary,
-            "consumers": [{"kind": c.kind, "target": c.target} for c in v.consumers],
+            "status": v.status(),
+            "consumers": [_consumer(c) for c in v.consumers],
         }
         for v in variables
     ]
@@ -114,6 +115,11 @@ def list_(
         f"{len(rows)} SM70_* variables", ["name", "type", "default", "takes effect in", "summary"],
         rows,
     )))
+
+
+def _consumer(c: Any) -> dict[str, Any]:
+    return {"kind": c.kind, "target": c.target,
+            **({"pending_issue": c.pending} if c.pending is not None else {})}
 
 
 def _category_key(category: str, schema: Any) -> str:
@@ -165,13 +171,15 @@ def explain(
         "compile_key": spec.compile_key,
         "summary": spec.summary,
         "help": spec.help,
-        "consumers": [{"kind": c.kind, "target": c.target} for c in spec.consumers],
+        "status": spec.status(),
+        "consumers": [_consumer(c) for c in spec.consumers],
     }
 
     def render(c: Any) -> None:
+        from sm70ctl.settings.docs import consumers_text
+
         rows = [[k, v] for k, v in data.items() if k not in ("consumers",) and v not in (None, "")]
-        rows.append(["takes effect in",
-                     "; ".join(f"{x['kind']}: {x['target']}" for x in data["consumers"])])
+        rows.append(["takes effect in", consumers_text(spec, code=False)])
         c.print(make_table(spec.name, ["field", "value"], rows))
 
     Output(json).emit(data, render)

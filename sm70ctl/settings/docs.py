@@ -38,11 +38,15 @@ Where a value takes effect (consumer kinds): `vllm_flag` a vLLM command-line fla
 environment variable of the vLLM process, `plugin` a field of the plugin
 configuration (`SM70_PLUGIN_CONFIG`), `kernel` the compile-cache key, `plan` the memory
 plan, `supervisor` serve's supervisor, `doctor` the doctor checks, `build` the build,
-`weights` weights fetch/verify.
+`weights` weights fetch/verify. A consumer marked *not read yet, issue N* is produced (a
+plugin configuration field, say) but no code reads it until issue N lands; a variable with
+nothing else but the compile-cache key is *not consumed yet*: setting it changes nothing
+the server does today.
 
 The schema lives in `env_schema.yaml` at the repository root; the package ships an
 identical copy as `sm70ctl/data/env_schema.yaml` (what an installed sm70ctl reads; a test
 fails when the two differ). After editing the schema: copy it there, then run
+`python -m sm70ctl.settings.schema` (its parsed copy, env_schema.json) and
 `sm70ctl env docs`. Count the variables with:
 `sm70ctl env list --json | python -c "import json,sys; print(len(json.load(sys.stdin)))"`.
 
@@ -59,8 +63,13 @@ def _cell(text: str) -> str:
 
 
 def consumers_text(spec: VarSpec, code: bool = True) -> str:
+    """Where a variable takes effect; a variable nothing reads yet says so first."""
     tick = "`" if code else ""
-    return "; ".join(f"{c.kind}: {tick}{c.target}{tick}" for c in spec.consumers)
+    parts = [f"{c.kind}: {tick}{c.target}{tick}"
+             + (f" (not read yet, issue {c.pending})" if c.pending is not None else "")
+             for c in spec.consumers]
+    text = "; ".join(parts)
+    return text if spec.consumed else f"{spec.status()}: {text}"
 
 
 def _default(spec: VarSpec) -> str:
@@ -72,7 +81,9 @@ def _default(spec: VarSpec) -> str:
 def render(schema: Schema | None = None) -> str:
     schema = schema or load_schema()
     out = [_INTRO]
-    out.append(f"{len(schema.variables)} variables in {len(schema.categories)} categories.\n")
+    idle = sum(1 for v in schema.variables if not v.consumed)
+    out.append(f"{len(schema.variables)} variables in {len(schema.categories)} categories; "
+               f"{idle} not consumed yet.\n")
     out.append("## Contents\n")
     for key, cat in schema.categories.items():
         count = sum(1 for v in schema.variables if v.category == key)
@@ -83,7 +94,8 @@ def render(schema: Schema | None = None) -> str:
         out.append("| variable | type | default | allowed | takes effect in | summary |")
         out.append("|---|---|---|---|---|---|")
         for v in (v for v in schema.variables if v.category == key):
-            flags = [f for f, on in (("secret", v.secret), ("compile key", v.compile_key)) if on]
+            flags = [f for f, on in (("secret", v.secret), ("compile key", v.compile_key),
+                                     (v.status(), not v.consumed)) if on]
             kind = v.type + (f" ({v.unit})" if v.unit else "")
             summary = v.summary + (f" *{', '.join(flags)}*" if flags else "")
             out.append(

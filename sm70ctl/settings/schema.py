@@ -65,8 +65,12 @@ _OPTIONAL = (
 
 @dataclass(frozen=True)
 class Consumer:
+    """Where a variable goes. `pending` is the issue whose code will read it, while the
+    target is produced (e.g. a plugin config field) but no code reads it yet."""
+
     kind: str
     target: str
+    pending: int | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,24 @@ class VarSpec:
     @property
     def consumer_kinds(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(c.kind for c in self.consumers))
+
+    @property
+    def pending_issues(self) -> tuple[int, ...]:
+        """The issues whose code will read this variable where nothing reads it yet."""
+        return tuple(sorted({c.pending for c in self.consumers if c.pending is not None}))
+
+    @property
+    def consumed(self) -> bool:
+        """Does some code act on it? The compile-cache key alone does not count: it only
+        says a change would need fresh caches."""
+        return any(c.pending is None and c.kind != "kernel" for c in self.consumers)
+
+    def status(self) -> str:
+        """'consumed', or 'not consumed yet (issue N)' for docs and `sm70ctl env`."""
+        if self.consumed:
+            return "consumed"
+        issues = ", ".join(str(i) for i in self.pending_issues)
+        return f"not consumed yet (issue {issues})" if issues else "not consumed yet"
 
 
 @dataclass(frozen=True)
@@ -168,7 +190,12 @@ def _var(raw: dict[str, Any], categories: dict[str, Category]) -> VarSpec:
     for c in raw["consumers"]:
         if c.get("kind") not in CONSUMER_KINDS or not c.get("target"):
             raise _bad(f"{name}: bad consumer {c!r}")
-        consumers.append(Consumer(kind=c["kind"], target=str(c["target"])))
+        pending = c.get("pending")
+        if set(c) - {"kind", "target", "pending"} or not (
+                pending is None or (type(pending) is int and pending > 0)):
+            raise _bad(f"{name}: bad consumer {c!r} (keys kind, target and optional "
+                       "pending: the number of the issue that will consume it)")
+        consumers.append(Consumer(kind=c["kind"], target=str(c["target"]), pending=pending))
     if not consumers:
         raise _bad(f"{name}: a variable needs at least one consumer")
     if raw["type"] == "enum" and not raw.get("choices"):
