@@ -120,3 +120,10 @@ def test_env_file_too_big(tmp_path: Path) -> None:
 def test_env_file_is_a_folder(tmp_path: Path) -> None:
     with pytest.raises(Sm70Error, match="is a folder"):
         load_settings({}, env_file=tmp_path)
+
+
+def test_huge_override_refused_naming_its_source() -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings({}, overrides={"SM70_SERVED_MODEL_NAME": ("y" * 20_000, "--name")})
+    (problem,) = info.value.problems
+    assert problem.source == "--name" and "20,000 bytes" in problem.rule

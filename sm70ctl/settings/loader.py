@@ -293,7 +293,12 @@ def load_settings(
     for name, (text, source) in (overrides or {}).items():
         if name not in schema.by_name:
             raise ValueError(f"override of unknown variable {name}")  # a bug, not input
-        raw[name] = RawValue(text, source)
+        given = RawValue(text, source)
+        if len(text.encode("utf-8", "surrogateescape")) > MAX_VALUE_BYTES:
+            problems.append(_too_long(name, given))
+            raw.pop(name, None)
+            continue
+        raw[name] = given
     # The model is built from the schema at import, so only typed.py (generated from the same
     # schema, checked by tests/test_settings_typed.py) can tell a type checker its attributes.
     return cast("SettingsView", validate(raw, problems))
