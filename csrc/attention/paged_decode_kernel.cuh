@@ -632,7 +632,9 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, Arch>::valu
   const PdSmem<S> sm{ks, vs, ssp, ps, ksc, vsc, row_m, row_l, row_a, qpart, row_q};
 
   // ---- prologue: the block's tokens (seq_lens), the block-table mapping and the first
-  // tile's loads (in flight while Q is read and summed), Q, O = 0 and the K offsets
+  // tile's loads (in flight while Q is read and summed), Q, O = 0 and the K offsets. The
+  // pieces see these locals through references; their order is part of what ptxas is given,
+  // and reordering them moves registers (tests/test_kernels_compile.py pins them).
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
