@@ -87,6 +87,12 @@ def test_kv_heads_fewer_than_gpus_are_copied_when_whole() -> None:
     ({"mtp_num_hidden_layers": 10**6}, 1, "`mtp_num_hidden_layers` = 1,000,000 is above 64"),
     ({"vocab_size": 10**12}, 1, "`vocab_size` = 1,000,000,000,000 is above"),
     ({"head_dim": "x" * 10**6}, 1, "`head_dim` = 'xxxxx"),
+    # each tensor name is matched against every rule: bounded
+    ({"quantization_config": {"bits": 8, "group_size": 128,
+                              "modules_to_not_convert": ["x"] * 5000}},
+     1, "`modules_to_not_convert` has 5,000 entries, more than the 4,096"),
+    ({"quantization_config": {"bits": 8, "group_size": 128, "dynamic": {"a" * 600: {}}}},
+     1, "longer than 512 characters"),
 ])
 def test_configs_vllm_or_the_kernels_refuse_are_refused(tmp_path: Path, patch: dict[str, Any],
                                                         tp: int, needle: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sm70ctl.errors import Sm70Error
-from sm70ctl.plan.model_checks import FIELD_MAX, check_model
+from sm70ctl.plan.model_checks import FIELD_MAX, MAX_LAYERS, check_model
 
 FULL = "full_attention"
 LINEAR = "linear_attention"
@@ -129,6 +129,9 @@ def _brief(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[:limit - 3]}... ({type(value).__name__})"
 
 
+MAX_QUANT_RULES = 4096
+MAX_RULE_CHARS = 512
+
 _HINT = "give a Hugging Face config.json of a Qwen3.5/Qwen3.8 (qwen3_5) model"
 
 
@@ -222,6 +225,16 @@ def parse_quant(q: dict[str, Any] | None) -> QuantConfig | None:
     if not isinstance(dyn, dict):
         raise Sm70Error("quantization config: `dynamic` must be a JSON object of "
                         "regex -> overrides")
+    # every tensor name is matched against each rule: a few thousand rules of a few hundred
+    # characters cover any real checkpoint and keep the matching quick
+    for what, rules in (("modules_to_not_convert", skip), ("dynamic", list(dyn))):
+        if len(rules) > MAX_QUANT_RULES:
+            raise Sm70Error(f"quantization config: `{what}` has {len(rules):,} entries, more "
+                            f"than the {MAX_QUANT_RULES:,} sm70ctl plans")
+        long = next((r for r in rules if len(r) > MAX_RULE_CHARS), None)
+        if long is not None:
+            raise Sm70Error(f"quantization config: `{what}` entry {_brief(long)} is longer "
+                            f"than {MAX_RULE_CHARS} characters")
     for key, override in dyn.items():
         if override is not None and not isinstance(override, dict):
             raise Sm70Error(f"quantization config: dynamic[{_brief(key)}] = "
@@ -249,10 +262,11 @@ def parse_vision(v: Any) -> VisionShape | None:
         raise Sm70Error(f"model config: `vision_config` = {_brief(v)} is not a JSON object")
     w = "vision_config."
     deepstack = v.get("deepstack_visual_indexes") or []
-    if not isinstance(deepstack, list) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in deepstack):
-        raise Sm70Error(f"model config: `{w}deepstack_visual_indexes` = {_brief(deepstack)} is not "
-                        "a list of integers")
+    if not isinstance(deepstack, list) or len(deepstack) > MAX_LAYERS or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_LAYERS
+            for i in deepstack):
+        raise Sm70Error(f"model config: `{w}deepstack_visual_indexes` = {_brief(deepstack)} "
+                        f"is not a list of layer indexes (integers 0..{MAX_LAYERS - 1})")
     return VisionShape(
         depth=_need(v, "depth", w),
         hidden_size=_need(v, "hidden_size", w, minimum=1),
