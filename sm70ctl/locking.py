@@ -37,12 +37,14 @@ class Holder:
 
 
 def _read_holder(path: Path) -> dict:
+    from sm70ctl.readers import read_json
+
     try:
-        text = path.read_text()
-        data = json.loads(text) if text.strip() else {}
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+        data = read_json(path, what="lock file", max_bytes=64 * 1024) if (
+            path.is_file() and path.stat().st_size) else {}
+    except (OSError, Sm70Error):  # a damaged holder record names nobody
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 class FileLock:

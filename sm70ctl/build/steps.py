@@ -25,6 +25,7 @@ from typing import Any
 
 from sm70ctl.errors import Sm70Error
 from sm70ctl.fsutil import atomic_write_text, replace_dir, rmtree_quiet
+from sm70ctl.readers import read_json
 
 STEP_FORMAT = 1  # bump when the meaning of a step's output changes
 
@@ -141,8 +142,8 @@ class Store:
             if p.name == f"{key}.json":
                 continue
             try:
-                out.append(json.loads(p.read_text()))
-            except (OSError, ValueError):
+                out.append(read_json(p, what="step record"))
+            except Sm70Error:
                 continue
         return out
 

@@ -110,25 +110,14 @@ def _path(value: Any) -> str:
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines (comments, blanks and `export ` allowed; quotes stripped)."""
-    from sm70ctl.errors import UsageError
+    """The env file's KEY=VALUE pairs by the settings loader's own (dotenv) rules, its
+    syntax problems ignored: the doctor still wants the paths from a file that `env check`
+    refuses."""
+    from sm70ctl.errors import Sm70Error, UsageError
+    from sm70ctl.settings.loader import parse_env_file
 
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--env-file {path}: {exc.strerror or exc}") from None
-    out: dict[str, str] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("export "):
-            line = line[len("export ") :].strip()
-        key, sep, value = line.partition("=")
-        if not sep:
-            continue
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        out[key.strip()] = value
-    return out
+        values, _problems = parse_env_file(path)
+    except Sm70Error as exc:
+        raise UsageError(f"--env-file: {exc.message}") from None
+    return {key: raw.text for key, raw in values.items()}

@@ -8,7 +8,6 @@ the checks judge.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,6 +16,8 @@ from typing import Any
 
 from sm70ctl.devices.nvml import probe_nvml
 from sm70ctl.devices.selection import resolve_gpu_entries
+from sm70ctl.errors import Sm70Error
+from sm70ctl.readers import read_json
 from sm70ctl.settings.typed import SettingsView
 
 
@@ -44,12 +45,12 @@ def probe_model_dir(path: Path) -> ModelDirState:
     if not path.is_dir():
         return ModelDirState(str(path), exists=False)
     cfg = path / "config.json"
-    try:
-        data = json.loads(cfg.read_text())
-    except FileNotFoundError:
+    if not cfg.exists():
         return ModelDirState(str(path), exists=True, error="config.json is missing")
-    except (OSError, ValueError) as exc:
-        return ModelDirState(str(path), exists=True, error=str(exc))
+    try:
+        data = read_json(cfg, what="model config")
+    except Sm70Error as exc:
+        return ModelDirState(str(path), exists=True, error=exc.message)
     if not isinstance(data, dict):
         return ModelDirState(str(path), exists=True, error="config.json is not an object")
     return ModelDirState(str(path), exists=True, config=data)
