@@ -6,6 +6,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from build_fixtures import make_upstream, sm70ctl
 
 
@@ -69,3 +71,15 @@ def test_too_long_mirror_path_is_one_line(tmp_path: Path) -> None:
                   up.env())
     assert res.returncode == 1
     assert "Traceback" not in res.stderr and "limit 255 bytes" in res.stderr
+
+
+def test_patch_that_is_binary_or_a_folder_is_one_line(tmp_path: Path) -> None:
+    from sm70ctl.build.patches import PatchError, list_series
+
+    (tmp_path / "0001-a.patch").mkdir()
+    with pytest.raises(PatchError, match=r"0001-a\.patch: is a folder"):
+        list_series(tmp_path)
+    (tmp_path / "0001-a.patch").rmdir()
+    (tmp_path / "0001-a.patch").write_bytes(b"\xff\x00")
+    with pytest.raises(PatchError, match="binary content"):
+        list_series(tmp_path)

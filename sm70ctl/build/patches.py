@@ -17,6 +17,8 @@ from pathlib import Path
 
 from sm70ctl.errors import Sm70Error
 
+# The series' patches are tens of KiB; anything near this is not a patch.
+MAX_PATCH_BYTES = 16 * 1024 * 1024
 _PATCH_NAME = re.compile(r"^\d{4}-[a-z0-9][a-z0-9._-]*\.patch$")
 _FAILED = re.compile(r"patch failed: (?P<file>.+?):(?P<line>\d+)")
 _MISSING = re.compile(r"error: (?P<file>.+?): (No such file or directory|does not exist in index)")
@@ -43,7 +45,9 @@ def series_dir() -> Path:
 
 def list_series(directory: Path) -> list[Patch]:
     """The patches in apply order (NNNN- prefix), each with its content digest."""
-    if not directory.is_dir():
+    from sm70ctl.readers import check_path, decode_text, read_bytes
+
+    if not check_path(directory, "patch folder").is_dir():
         raise PatchError(f"patch folder {directory} does not exist")
     out = []
     for p in sorted(directory.glob("*.patch")):
@@ -51,7 +55,12 @@ def list_series(directory: Path) -> list[Patch]:
             raise PatchError(
                 f"patch file name {p.name!r} must look like NNNN-short-name.patch (lower case)"
             )
-        out.append(Patch(p, hashlib.sha256(p.read_bytes()).hexdigest()))
+        try:  # a patch is text: a folder, binary file or one of gigabytes is refused here
+            data = read_bytes(p, what="patch", max_bytes=MAX_PATCH_BYTES)
+            decode_text(data, what="patch", name=str(p))
+        except Sm70Error as exc:
+            raise PatchError(exc.message) from None
+        out.append(Patch(p, hashlib.sha256(data).hexdigest()))
     return out
 
 
