@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from build_fixtures import make_upstream, sm70ctl
 
 
