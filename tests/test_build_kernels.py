@@ -22,7 +22,7 @@ def test_kernel_list_is_the_loaders_and_covers_the_nvrtc_headers() -> None:
     rel = {p.relative_to(CSRC).as_posix() for p in kernels.kernel_sources(CSRC)}
     assert rel == {p.relative_to(CSRC).as_posix() for p in CSRC.rglob("*.cuh")}
     # every header the NVRTC check compiles is one of the build's inputs
-    assert all(h in rel or f"kernels/{h}" in rel for h in variants.headers()), rel
+    assert set(variants.headers()) <= rel, rel
     assert kernels.binding_sources(CSRC) == sources.translation_units(CSRC)
     assert kernels.include_dirs(CSRC) == sources.include_dirs(CSRC)
     assert all(p.is_file() for p in kernels.binding_sources(CSRC))

@@ -22,7 +22,7 @@ def test_checkout_sources_are_found_and_listed() -> None:
     units = sources.translation_units()
     assert units and all(p.parent == ROOT / "csrc" / "torch_bindings" for p in units)
     assert {p.suffix for p in units} <= {".cu", ".cpp"}
-    assert sources.include_dirs()[0] == ROOT / "csrc"
+    assert sources.include_dirs() == [ROOT / "csrc"]
 
 
 def test_packaged_copy_is_the_fallback_and_neither_is_an_error(tmp_path: Path,

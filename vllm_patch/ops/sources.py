@@ -52,13 +52,7 @@ def translation_units(csrc: Path | None = None) -> list[Path]:
 
 def include_dirs(csrc: Path | None = None) -> list[Path]:
     """The include folder: csrc/ itself (headers are included as "gemv/gptq_gemv.cuh")."""
-    root = csrc if csrc is not None else csrc_dir()
-    dirs = [root]
-    # The flat layout before issue 19 included its headers by bare name from csrc/kernels/;
-    # kept while both layouts can be checked out.
-    if (root / "kernels").is_dir():
-        dirs.append(root / "kernels")
-    return dirs
+    return [csrc if csrc is not None else csrc_dir()]
 
 
 def source_hash(csrc: Path | None = None) -> str:
