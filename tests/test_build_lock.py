@@ -6,6 +6,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sm70ctl.build.lock import LockError, load_lock, packaged_lock_path, parse_lock, tree_hash
 from sm70ctl.errors import Sm70Error
@@ -223,3 +225,28 @@ def test_committed_lock_matches_the_tree() -> None:
     drift = [f"{r['name']}: locked {r['locked'][:12]}, tree {r['now'][:12]}" for r in rows
              if r["drift"]]
     assert not drift, f"the committed lock drifts ({drift}): run `sm70ctl build --relock`"
+
+
+# Structured fuzzing (arbitrary bytes are tests/test_fuzz_readers.py's): valid TOML built
+# from the lock's own tables and fields with values of any type; parse_lock either returns
+# a Lock or raises LockError, never another exception.
+_VALS = st.sampled_from(['"x"', "1", "true", "[]", '["a"]', "[1]", "{}", "{a = 1}",
+                         '"' + "a" * 40 + '"', '"' + "b" * 64 + '"', '"https://e/x"',
+                         '"../x"', "[{a = 1}]"])
+_FIELDS = st.sampled_from(["name", "url", "commit", "tag", "unverified", "filename", "sha256",
+                           "strip", "patch", "note", "version", "index", "path", "hash",
+                           "globs", "schema", "x"])
+_HEADS = st.sampled_from(["[[git]]", "[[archive]]", "[[wheel]]", "[[local]]", "[notes]",
+                          "[git]", "[models.a]", "[toolchain]", ""])
+_LINES = st.one_of(st.builds(lambda k, v: f"{k} = {v}", _FIELDS, _VALS), _HEADS)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(_LINES, max_size=12), st.booleans())
+def test_any_lock_shape_parses_or_is_refused_by_name(lines: list[str], front: bool) -> None:
+    body = "\n".join(lines) + "\n"
+    text = body + MINIMAL if front else MINIMAL + body
+    try:
+        parse_lock(text)
+    except LockError as exc:
+        assert "\n" not in exc.message

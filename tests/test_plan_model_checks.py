@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sm70ctl.errors import Sm70Error
 from sm70ctl.plan.model_checks import MAX_LAYERS, check_parallel
 from sm70ctl.plan.model_config import parse_config
+from sm70ctl.plan.plan import Gpu, PlanInputs, compute_plan
 from tests.test_plan_config import TINY
 
 
@@ -119,3 +122,38 @@ def test_hostile_config_files_are_one_line(tmp_path: Path, raw: bytes, needle: s
     r = _cli(tmp_path, None, 1, raw=raw)
     assert r.returncode == 1
     assert needle in r.stderr and "Traceback" not in r.stderr and "RecursionError" not in r.stderr
+
+
+# Structured fuzzing (arbitrary bytes are tests/test_fuzz_readers.py's): well-formed JSON
+# with the config's own keys holding any values, nested quantization and vision configs
+# included; the parser and the plan either work or refuse in one Sm70Error, never crash.
+_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**7),
+                  st.sampled_from([8, 4, 128, -1, 0, 2**40]), st.floats(allow_nan=False),
+                  st.text(max_size=5), st.sampled_from(["-:.*", "+:layers", "[", "model.x"]))
+_VALUE = st.recursive(_LEAF, lambda c: st.one_of(
+    st.lists(c, max_size=3),
+    st.dictionaries(st.sampled_from(["bits", "group_size", "sym", "-:x", "+:y", "z"]), c,
+                    max_size=3)), max_leaves=8)
+_KEYS = st.sampled_from([*TINY, "quantization_config", "vision_config", "text_config",
+                         "layer_types", "mtp_num_hidden_layers"])
+_QKEYS = st.sampled_from(["bits", "group_size", "sym", "desc_act", "quant_method",
+                          "modules_to_not_convert", "dynamic", "lm_head"])
+_VKEYS = st.sampled_from(["depth", "hidden_size", "num_heads", "patch_size", "out_hidden_size",
+                          "num_position_embeddings", "deepstack_visual_indexes"])
+_VISION = {"depth": 2, "hidden_size": 8, "intermediate_size": 8, "num_heads": 1,
+           "patch_size": 2, "out_hidden_size": 256}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.dictionaries(_KEYS, _VALUE, max_size=4), st.dictionaries(_QKEYS, _VALUE, max_size=4),
+       st.dictionaries(_VKEYS, _VALUE, max_size=3), st.sampled_from([1, 2]))
+def test_any_config_values_plan_or_refuse_in_one_error(top: dict[str, Any], q: dict[str, Any],
+                                                       v: dict[str, Any], tp: int) -> None:
+    cfg = {**TINY, "quantization_config": {"bits": 8, "group_size": 128, **q},
+           "vision_config": {**_VISION, **v}, **top}
+    inputs = PlanInputs(tensor_parallel_size=tp, kv_cache_bytes=0, max_model_len=1024,
+                        spec_method="none")
+    try:
+        compute_plan(parse_config(cfg), inputs, [Gpu(i, "g", 1 << 30) for i in range(tp)])
+    except Sm70Error as exc:
+        assert "\n" not in exc.message and len(exc.message) < 1000
