@@ -267,31 +267,33 @@ def run_child(name: str, lib: Path) -> int:
     return 0
 
 
-def run_all(mutants: list[Mutant], build_errors: dict[str, str]) -> list[dict]:
-    summary = []
-    for m in mutants:
-        entry = {"mutant": m.name, "what": m.what}
-        lib = library(m)
-        if m.name in build_errors or lib is None:
-            error = build_errors.get(m.name, f"no library built in {work_dir() / m.name}")
-            summary.append({**entry, "ok": False, "error": error})
-            continue
-        start = time.monotonic()
-        proc = subprocess.run(
-            [sys.executable, str(Path(__file__)), "--child", m.name, str(lib)],
-            capture_output=True, text=True, timeout=1800, check=False, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'gpu'}"})
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("MUTANT-RESULT ")]
-        if not lines:
-            summary.append({**entry, "ok": False,
-                            "error": (proc.stdout + proc.stderr)[-3000:]})
-            continue
-        res = json.loads(lines[-1].removeprefix("MUTANT-RESULT "))
-        ok = bool(res["checks"]) and all(c["ok"] for c in res["checks"])
-        summary.append({**entry, "ok": ok, "seconds": round(time.monotonic() - start, 1),
-                        **res, **({} if ok else {"log_tail": proc.stdout[-4000:]})})
-        print(f"{m.name}: {'killed' if ok else 'NOT KILLED / control failed'}", flush=True)
-    return summary
+def run_one(m: Mutant, build_errors: dict[str, str]) -> dict:
+    entry = {"mutant": m.name, "what": m.what}
+    lib = library(m)
+    if m.name in build_errors or lib is None:
+        error = build_errors.get(m.name, f"no library built in {work_dir() / m.name}")
+        return {**entry, "ok": False, "error": error}
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__)), "--child", m.name, str(lib)],
+        capture_output=True, text=True, timeout=1800, check=False, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'gpu'}"})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("MUTANT-RESULT ")]
+    if not lines:
+        return {**entry, "ok": False, "error": (proc.stdout + proc.stderr)[-3000:]}
+    res = json.loads(lines[-1].removeprefix("MUTANT-RESULT "))
+    ok = bool(res["checks"]) and all(c["ok"] for c in res["checks"])
+    print(f"{m.name}: {'killed' if ok else 'NOT KILLED / control failed'}", flush=True)
+    return {**entry, "ok": ok, "seconds": round(time.monotonic() - start, 1), **res,
+            **({} if ok else {"log_tail": proc.stdout[-4000:]})}
+
+
+def run_all(mutants: list[Mutant], build_errors: dict[str, str], parallel: int) -> list[dict]:
+    """Each mutant's tests in its own process, `parallel` at a time on the one GPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        return list(pool.map(lambda m: run_one(m, build_errors), mutants))
 
 
 def main() -> int:
@@ -300,6 +302,7 @@ def main() -> int:
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--run-only", action="store_true", help="reuse the libraries built before")
     ap.add_argument("--jobs", type=int, default=4, help="compile jobs per mutant build")
+    ap.add_argument("--parallel", type=int, default=1, help="mutant test processes at once")
     ap.add_argument("--out", type=Path, default=None, help="JSON summary")
     ap.add_argument("--child", nargs=2, metavar=("NAME", "LIB"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -317,7 +320,7 @@ def main() -> int:
             print(f"{name}: {err}", flush=True)
         if args.build_only:
             return 1 if errors else 0
-    summary = run_all(mutants, errors)
+    summary = run_all(mutants, errors, args.parallel)
     if args.out:
         args.out.write_text(json.dumps(summary, indent=2) + "\n")
     killed = sum(s["ok"] for s in summary)

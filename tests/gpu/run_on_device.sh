@@ -46,7 +46,8 @@ if [ -n "$mut_pid" ]; then
   wait "$mut_pid"
   build_rc=$?
   stamp "mutant builds rc=$build_rc"
-  $PY tests/gpu/mutants.py --run-only --out "$OUT/mutants.json" >>"$OUT/mutants.log" 2>&1
+  $PY tests/gpu/mutants.py --run-only --parallel "${MUTANT_PARALLEL:-3}" \
+    --out "$OUT/mutants.json" >>"$OUT/mutants.log" 2>&1
   mut_rc=$?
   [ "$build_rc" != 0 ] && mut_rc=$build_rc
   stamp "mutants rc=$mut_rc"
