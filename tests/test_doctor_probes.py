@@ -11,7 +11,9 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,9 +163,10 @@ def test_nvcc_precedence(tmp_path):
 def test_sm70_probe_timeout_and_host_cc(tmp_path, monkeypatch):
     monkeypatch.setattr(pr, "SM70_PROBE_TIMEOUT", 0.5)
     home = tmp_path / "cuda"
-    fake_nvcc(home, "12.8", body="sleep 5")
-    probe = pr.probe_nvcc(DoctorConfig(cuda_home=str(home), host_cc="gcc-13"), ENV)
-    assert probe.compile_run.timed_out and probe.compile_run.seconds < 4
+    fake_nvcc(home, "12.8", body="sleep 300")  # never finishes on its own
+    probe = _returns(lambda: pr.probe_nvcc(DoctorConfig(cuda_home=str(home),
+                                                         host_cc="gcc-13"), ENV))
+    assert probe.compile_run.timed_out
     assert probe.compile_run.argv[1:3] == ["-ccbin", "gcc-13"]
     r = ck.run_checks(DoctorConfig(), pr.ProbeData(nvcc=probe), ck.select(["cuda.sm70-probe"]))[0]
     assert r.status == "fail" and "timed out" in r.observed
@@ -171,10 +174,21 @@ def test_sm70_probe_timeout_and_host_cc(tmp_path, monkeypatch):
 
 def test_timeout_kills_grandchildren_holding_the_pipes(tmp_path):
     # Like nvcc's cicc/ptxas: a child that outlives its parent and keeps stdout open.
-    prog = script(tmp_path / "tool", "sleep 30 &\nsleep 30\n")
-    run = pr.run_command([str(prog)], timeout=0.5)
+    prog = script(tmp_path / "tool", "sleep 300 &\nsleep 300\n")
+    run = _returns(lambda: pr.run_command([str(prog)], timeout=0.5))
     assert run.timed_out and run.returncode is None
-    assert run.seconds < 5
+
+
+def _returns(call: Any, limit: float = 60.0) -> Any:
+    """call()'s result; fails if it has not returned within `limit` seconds, which only a
+    timeout that did not stop the tool (or its children holding the pipes) can cause."""
+    result: list[Any] = []
+    worker = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        pytest.fail(f"still waiting after {limit:g} s: the timeout did not stop the tool")
+    return result[0]
 
 
 def test_sm70_probe_failure_output_is_recorded(tmp_path):
