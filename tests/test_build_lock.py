@@ -232,20 +232,33 @@ def test_committed_lock_matches_the_tree() -> None:
 # a Lock or raises LockError, never another exception.
 _VALS = st.sampled_from(['"x"', "1", "true", "[]", '["a"]', "[1]", "{}", "{a = 1}",
                          '"' + "a" * 40 + '"', '"' + "b" * 64 + '"', '"https://e/x"',
-                         '"../x"', "[{a = 1}]"])
+                         '"../x"', "[{a = 1}]", '"**/*"'])
+_SHA = '"' + "b" * 64 + '"'
+_GOOD = {  # a valid entry of each kind
+    "git": {"name": '"g"', "url": '"https://e/g"', "commit": '"' + "a" * 40 + '"'},
+    "archive": {"name": '"a"', "url": '"https://e/a"', "filename": '"a.tgz"', "sha256": _SHA},
+    "wheel": {"name": '"w"', "version": '"1"', "filename": '"w.whl"', "url": '"https://e/w"',
+              "sha256": _SHA},
+    "local": {"name": '"c"', "path": '"c"', "hash": _SHA},
+}
 _FIELDS = st.sampled_from(["name", "url", "commit", "tag", "unverified", "filename", "sha256",
                            "strip", "patch", "note", "version", "index", "path", "hash",
-                           "globs", "schema", "x"])
-_HEADS = st.sampled_from(["[[git]]", "[[archive]]", "[[wheel]]", "[[local]]", "[notes]",
-                          "[git]", "[models.a]", "[toolchain]", ""])
-_LINES = st.one_of(st.builds(lambda k, v: f"{k} = {v}", _FIELDS, _VALS), _HEADS)
+                           "globs", "x"])
+_TOP = st.sampled_from(["git", "local", "notes", "models", "x"])
+# each entry: a valid one of its kind with one or two fields set to any value (or added)
+_ENTRY = st.builds(
+    lambda kind, bad: "\n".join([f"[[{kind}]]", *(f"{k} = {v}" for k, v in
+                                                  {**_GOOD[kind], **bad}.items())]),
+    st.sampled_from(sorted(_GOOD)), st.dictionaries(_FIELDS, _VALS, max_size=2))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(_LINES, max_size=12), st.booleans())
-def test_any_lock_shape_parses_or_is_refused_by_name(lines: list[str], front: bool) -> None:
-    body = "\n".join(lines) + "\n"
-    text = body + MINIMAL if front else MINIMAL + body
+@given(st.lists(_ENTRY, max_size=4), st.dictionaries(_TOP, _VALS, max_size=1))
+def test_any_lock_shape_parses_or_is_refused_by_name(entries: list[str],
+                                                     top: dict[str, str]) -> None:
+    # a stray or misshapen top-level key (git = 1, notes = [], ...) goes before [toolchain]
+    front = "".join(f"{k} = {v}\n" for k, v in top.items() if k != "schema")
+    text = front + MINIMAL + "\n".join(entries) + "\n"
     try:
         parse_lock(text)
     except LockError as exc:
