@@ -159,7 +159,13 @@ class ServerProcess:
     def poll(self) -> int | None:
         return self.proc.poll() if self.proc else None
 
-    def _group_alive(self) -> bool:
+    def drain_output(self, timeout: float = 5.0) -> None:
+        """Wait (at most `timeout`) until the server's last lines are in the log: after it
+        exits, so a failure message can quote them."""
+        if self._pump:
+            self._pump.join(timeout=timeout)
+
+    def group_alive(self) -> bool:
         """Any live (non-zombie) process left in the server's group? Orphaned zombies are
         ignored: in containers whose PID 1 does not reap, they linger but hold nothing."""
         if not self.proc:
@@ -181,12 +187,12 @@ class ServerProcess:
         """SIGTERM to the group, SIGKILL after `grace` seconds; returns the exit code."""
         if not self.proc:
             return None
-        if self.proc.poll() is None or self._group_alive():
+        if self.proc.poll() is None or self.group_alive():
             self.log.note(f"stopping the server (SIGTERM to group {self.proc.pid})", echo=True)
             self._signal_group(signal.SIGTERM)
             deadline = time.monotonic() + grace
             while time.monotonic() < deadline:
-                if self.proc.poll() is not None and not self._group_alive():
+                if self.proc.poll() is not None and not self.group_alive():
                     break
                 time.sleep(0.1)
             else:
@@ -197,10 +203,9 @@ class ServerProcess:
                 self._signal_group(signal.SIGKILL)
         code = self.proc.wait()
         # Children that outlived the leader (engine-core workers) go with the group.
-        if self._group_alive():
+        if self.group_alive():
             self._signal_group(signal.SIGKILL)
-        if self._pump:
-            self._pump.join(timeout=5)
+        self.drain_output()
         self.log.note(f"server exited with code {code}")
         return code
 
@@ -248,8 +253,7 @@ def wait_ready(
             return -1.0
         code = server.poll()
         if code is not None:
-            if server._pump:
-                server._pump.join(timeout=5)
+            server.drain_output()
             raise ServerFailed(
                 f"the server exited with code {code} while starting ({elapsed:.0f}s)",
                 list(server.log.tail),

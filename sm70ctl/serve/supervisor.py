@@ -90,13 +90,12 @@ def supervise(
                     return 0
                 healthy_for = clock() - ready_at
                 code = server.poll()
-                if server._pump:
-                    server._pump.join(timeout=5)
+                server.drain_output()
                 why = f"the server exited with code {code} after {healthy_for:.0f}s"
                 if not spec.restart:
                     raise ServerFailed(why, list(log.tail), hint=f"full log: {log.path}")
         finally:
-            if server.poll() is None or server._group_alive():
+            if server.poll() is None or server.group_alive():
                 server.stop(spec.shutdown_grace)
         failures, delay = next_backoff(
             failures,
