@@ -45,9 +45,6 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
 )
 NEVER = (("sm70ctl.serve", "sm70ctl.warmup"), ("sm70ctl.warmup", "sm70ctl.serve"))
 ROOTS = ("sm70ctl", "vllm_patch")
-# settings/consumers.py maps settings onto plan and doctor inputs for its test only (no
-# production module imports it); helper H5 replaces it with a test driven by production code.
-EXEMPT = {"sm70ctl.settings.consumers"}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -104,8 +101,6 @@ def unit_edges(edges: Mapping[str, set[str]]) -> dict[tuple[str, str], list[str]
     """(importing unit, imported unit) -> the modules where it happens."""
     out: dict[tuple[str, str], list[str]] = {}
     for a, bs in edges.items():
-        if a in EXEMPT:
-            continue
         ua = unit_of(a)
         for b in bs:
             ub = unit_of(b)
