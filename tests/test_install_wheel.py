@@ -90,6 +90,22 @@ def test_the_wheel_ships_csrc_as_vllm_patch_csrc(installed: dict[str, Path]) -> 
     assert not any(n.startswith("csrc/") for n in names)  # not a stray top-level folder
 
 
+def test_the_wheel_has_every_module_and_data_file(installed: dict[str, Path]) -> None:
+    # a package folder without __init__.py is skipped by setuptools' find: its modules
+    # would be missing from a wheel install only
+    import zipfile
+
+    names = set(zipfile.ZipFile(installed["wheel"]).namelist())
+    tree = {p.relative_to(ROOT).as_posix() for pkg in ("sm70ctl", "vllm_patch")
+            for p in (ROOT / pkg).rglob("*.py") if "__pycache__" not in p.parts}
+    assert tree and not tree - names, sorted(tree - names)
+    data = {p.relative_to(ROOT).as_posix() for p in (ROOT / "sm70ctl" / "data").rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
+    data |= {p.relative_to(ROOT).as_posix() for p in (ROOT / "vllm_patch" / "patches").iterdir()
+             if p.suffix in (".patch", ".md")}
+    assert not data - names, sorted(data - names)
+
+
 def test_installed_package_is_the_wheel_not_the_checkout(installed: dict[str, Path]) -> None:
     out = _run([str(installed["py"]), "-c",
                 "import sm70ctl, vllm_patch.ops.sources as s; "
