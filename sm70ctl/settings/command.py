@@ -14,6 +14,7 @@ import typer
 from sm70ctl.errors import UsageError
 from sm70ctl.options import EnvFileOpt, JsonOpt
 from sm70ctl.output import Output, make_table
+from sm70ctl.secrets import MASK
 
 env_app = typer.Typer(
     name="env",
@@ -107,7 +108,7 @@ def list_(
         for v in variables
     ]
     rows = [
-        [v.name, v.type, "***" if v.secret else v.default, consumers_text(v, code=False),
+        [v.name, v.type, MASK if v.secret else v.default, consumers_text(v, code=False),
          v.summary]
         for v in variables
     ]
@@ -164,7 +165,7 @@ def explain(
         "category": schema.categories[spec.category].title,
         "type": spec.type,
         "unit": spec.unit,
-        "default": "***" if spec.secret else spec.default,
+        "default": MASK if spec.secret else spec.default,
         "allowed": allowed_text(spec),
         "rule": spec.rule,
         "secret": spec.secret,
