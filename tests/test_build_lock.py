@@ -263,3 +263,16 @@ def test_any_lock_shape_parses_or_is_refused_by_name(entries: list[str],
         parse_lock(text)
     except LockError as exc:
         assert "\n" not in exc.message
+
+
+def test_relock_reads_the_lock_through_the_bounded_reader(tmp_path: Path) -> None:
+    # --relock once read the lock with a bare read_text: a name the OS refuses was an
+    # OSError traceback
+    from sm70ctl.build.lock import relock_local
+
+    with pytest.raises(LockError, match="a path component is 300 bytes long"):
+        relock_local(tmp_path / ("a" * 300), tmp_path, tmp_path)
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"\x00")
+    with pytest.raises(LockError, match="binary content"):
+        relock_local(binary, tmp_path, tmp_path)

@@ -409,8 +409,8 @@ def relock_local(path: Path, root: Path, csrc: Path) -> dict[str, tuple[str, str
     from sm70ctl.build.local_sources import local_hash
     from sm70ctl.fsutil import atomic_write_text
 
-    text = path.read_text(encoding="utf-8")
-    lock = parse_lock(text, path)
+    lock = load_lock(path)
+    text = path.read_text(encoding="utf-8")  # read and checked by load_lock just now
     changed: dict[str, tuple[str, str]] = {}
     for src in lock.local:
         new = local_hash(src, root, csrc)
