@@ -287,7 +287,7 @@ def test_overrides_win_and_are_checked(tmp_path):
 
 
 def test_missing_env_file_is_a_clear_error(tmp_path):
-    with pytest.raises(Sm70Error, match="env file .*: cannot read"):
+    with pytest.raises(Sm70Error, match=r"env file .*: cannot read"):
         load_settings({}, env_file=tmp_path / "nope.env")
 
 

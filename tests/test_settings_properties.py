@@ -202,7 +202,7 @@ def test_binary_env_file_is_a_clear_error(tmp_path):
 
     path = tmp_path / "bin.env"
     path.write_bytes(b"\xff\xfe\x00SM70_PORT=1")
-    with pytest.raises(Sm70Error, match="env file .*: binary content"):
+    with pytest.raises(Sm70Error, match=r"env file .*: binary content"):
         load_settings({}, env_file=path)
 
 
