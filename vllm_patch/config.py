@@ -1,7 +1,8 @@
 """The plugin's typed, frozen configuration, read from the SM70_PLUGIN_CONFIG env var.
 
-`sm70ctl` (sm70ctl/runtime/plugin_config.py) builds it from the SM70_* settings and passes it to every vLLM
-process as JSON; the plugin reads it with `PluginConfig.from_env()`. This module imports
+`sm70ctl` (sm70ctl/runtime/plugin_config.py) builds it from the SM70_* settings and passes
+it to every vLLM process as JSON; the plugin reads it with `PluginConfig.from_env()`. This
+module imports
 only the standard library: it runs inside vLLM workers before torch is touched.
 
 The defaults here equal what the settings defaults produce (a test in the sm70ctl suite
