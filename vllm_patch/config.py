@@ -2,8 +2,8 @@
 
 `sm70ctl` (sm70ctl/runtime/plugin_config.py) builds it from the SM70_* settings and passes
 it to every vLLM process as JSON; the plugin reads it with `PluginConfig.from_env()`. This
-module imports
-only the standard library: it runs inside vLLM workers before torch is touched.
+module imports only the standard library: it runs inside vLLM workers before torch is
+touched.
 
 The defaults here equal what the settings defaults produce (a test in the sm70ctl suite
 compares them), so a plugin started without SM70_PLUGIN_CONFIG behaves like the reference.
