@@ -221,3 +221,16 @@ def test_fuzz_build_lock(spot: Path, data: bytes) -> None:
     from sm70ctl.build.lock import load_lock
 
     _check(load_lock, spot, data)
+
+
+@pytest.mark.parametrize("text,rule", [
+    ("[" * 10_000, "levels deep"),
+    ('{"version": 1, "sparse_prefill": {"percent": 1e999}}', "finite number"),
+    ('{"version": NaN}', "not valid JSON"),
+    ("x" * 100_000, "characters long"),
+])
+def test_plugin_config_refusals(text: str, rule: str) -> None:
+    from vllm_patch.config import PluginConfig
+
+    with pytest.raises(ValueError, match=rule):
+        PluginConfig.from_json(text)

@@ -12,6 +12,7 @@ compares them), so a plugin started without SM70_PLUGIN_CONFIG behaves like the 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -213,6 +214,8 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
         )
         if not ok:
             raise ValueError(f"{ENV_VAR}: {path} must be {want.__name__}, got {value!r}")
+        if want is float and not math.isfinite(value):  # 1e999 parses as inf
+            raise ValueError(f"{ENV_VAR}: {path} must be a finite number, got {value!r}")
         kwargs[name] = float(value) if want is float else value
     obj = cls(**kwargs)
     if getattr(obj, "version", VERSION) != VERSION:
