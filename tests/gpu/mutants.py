@@ -51,6 +51,9 @@ class Mutant:
     expect_pass: tuple[tuple[str, str, dict], ...] = field(default=(KV_CONTROL,))
 
 
+PD = "attention/paged_decode_kernel.cuh"
+FULL = r"min\(t_end, ctx - QN \+ 1\)"  # the tile needs no mask
+LIMIT = r"ctx - QN \+ \(sm_row % QN\)\)"  # the newest key a query row may see
 TC_MMA = (r"(mma_m(?:16n8k16|8n8k4)\(\*reinterpret_cast<float\(\*\)\[(\d)\]>"
           r"\(cc\[j % CH\]\), (?:a|az), b\);)")
 
@@ -102,10 +105,11 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "decode-mask-off-by-one",
-        "paged decode's causal limit one key short (each query row loses its newest key)",
-        (Edit("attention/paged_decode_kernel.cuh",
-              r"ctx - QN \+ \(sm_row % QN\)\)", "ctx - QN + (sm_row % QN) - 1)", 1),),
+        "decode-mask-one-key-short",
+        "paged decode's causal mask one key short, in the masked and the full-tile test alike "
+        "(each query row loses its newest key)",
+        (Edit(PD, FULL, "min(t_end, ctx - QN)", 1),
+         Edit(PD, LIMIT, "ctx - QN + (sm_row % QN) - 1)", 1)),
         (
             (ATTN, "test_paged_decode_tail_dominated",
              {"ctxs": [37], "qn": 1, "arch": "native"}),
@@ -120,9 +124,43 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "decode-mask-limit-one-key-short",
+        "the same in the masked tiles only (a context whose last tile is full, 262144 at one "
+        "query row, never runs that branch: the other contexts must catch it)",
+        (Edit(PD, LIMIT, "ctx - QN + (sm_row % QN) - 1)", 1),),
+        (
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [37], "qn": 1, "arch": "native"}),
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [40000], "qn": 4, "arch": "sm70"}),
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [262144], "qn": 4, "arch": "native"}),
+        ),
+    ),
+    Mutant(
+        "decode-mask-one-key-ahead",
+        "paged decode's causal mask one key long (each query row but the last sees the next "
+        "query's token)",
+        (Edit(PD, FULL, "min(t_end, ctx - QN + 2)", 1),
+         Edit(PD, LIMIT, "ctx - QN + (sm_row % QN) + 1)", 1)),
+        (
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [37], "qn": 4, "arch": "native"}),
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [1000], "qn": 3, "arch": "sm70"}),
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [4097, 600, 33], "arch": "native"}),
+            (ATTN, "test_paged_decode_tail_dominated",
+             {"ctxs": [262144], "qn": 4, "arch": "sm70"}),
+        ),
+        # one query row has no future: the same bug cannot show there
+        (KV_CONTROL, (ATTN, "test_paged_decode_tail_dominated",
+                      {"ctxs": [40000], "qn": 1, "arch": "native"})),
+    ),
+    Mutant(
         "decode-zero-output",
         "paged decode writes zeros (its normalisation factor is 0)",
-        (Edit("attention/paged_decode_kernel.cuh",
+        (Edit(PD,
               r"const float inv = lsum > 0\.f \? 1\.f / lsum : 0\.f;", "const float inv = 0.f;",
               1),),
         (
@@ -134,7 +172,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "decode-tail-tokens-skipped",
         "paged decode (one sequence) never reads its last 4 tokens",
-        (Edit("attention/paged_decode_kernel.cuh",
+        (Edit(PD,
               r"w\.t_end = min\(w\.ctx, w\.t_begin \+ per_split\);",
               "w.t_end = min(w.ctx - 4, w.t_begin + per_split);", 1),),
         (
@@ -277,7 +315,8 @@ def run_one(m: Mutant, build_errors: dict[str, str]) -> dict:
     proc = subprocess.run(
         [sys.executable, str(Path(__file__)), "--child", m.name, str(lib)],
         capture_output=True, text=True, timeout=1800, check=False, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'gpu'}"})
+        env={**{k: v for k, v in os.environ.items() if k != "SM70_GPU_ERROR_LOG"},
+             "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'gpu'}"})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("MUTANT-RESULT ")]
     if not lines:
         return {**entry, "ok": False, "error": (proc.stdout + proc.stderr)[-3000:]}

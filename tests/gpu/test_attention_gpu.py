@@ -5,8 +5,9 @@ GPU, through both architecture paths where they differ.
 
 Paged decode is checked against the float32 attention over the same dequantised cache, by
 relative error only (absolute bounds say nothing once a long context averages the outputs
-down): rel_err < 1e-3 and the largest error below 2e-3 of the largest output. The kernel's
-own error is fp16 rounding of P, of the split partials and of the output, about 2e-4.
+down): rel_err < 1e-3 and the largest error below 2e-3 of the largest output. A correct
+kernel's error is the fp16 rounding of P, of the split partials and of the output: a few
+1e-4, where a bug that drops or adds a key costs O(1) in the cases below.
 Random caches cannot show a causal mask off by one or a few tail tokens never read: over L
 keys each carries about 1 / L of the weight. The tail-dominated cases make the newest keys
 carry nearly all of it (keys aligned with the queries, scales rising towards the end), so
@@ -307,7 +308,7 @@ def test_paged_decode_in_a_cuda_graph(arch):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = kernels.paged_decode(q, *cache, 2, SM_SCALE, 16)
-    for lens in ([3000, 700, 41], [2999, 1, 41]):
+    for lens in ([3000, 700, 41], [2999, 2, 41]):  # at least q_per_seq tokens each
         cache[5].copy_(torch.tensor(lens, dtype=torch.int32))
         q.copy_(torch.randn(q.shape, device="cuda", generator=gen).half())
         graph.replay()
