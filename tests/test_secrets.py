@@ -102,3 +102,30 @@ def test_compile_fingerprint_holds_only_the_fact_of_a_secret() -> None:
     none = inherited_compile_env({"VLLM_X": "1"}, set())
     assert a == b == {"env:VLLM_API_KEY": "<set>", "env:VLLM_X": "1"}
     assert fingerprint(a) == fingerprint(b) != fingerprint(none)
+
+
+def _one_edit(name: str, pos: int, ch: str, kind: int) -> str:
+    pos %= len(name) + 1
+    if kind == 0:
+        return name[:pos] + ch + name[pos:]
+    pos = min(pos, len(name) - 1)
+    if kind == 1:
+        return name[:pos] + name[pos + 1:]
+    if kind == 2:
+        return name[:pos] + ch + name[pos + 1:]
+    pos = min(pos, len(name) - 2)
+    return name[:pos] + name[pos + 1] + name[pos] + name[pos + 2:]
+
+
+def test_every_one_edit_typo_of_a_secret_is_masked() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.sampled_from(sorted(SCHEMA_SECRETS | {"VLLM_API_KEY"})), st.integers(0, 20),
+           st.sampled_from("ABEIKNOTY_0"), st.integers(0, 3))
+    def check(name: str, pos: int, ch: str, kind: int) -> None:
+        typo = _one_edit(name, pos, ch, kind)
+        assert is_secret_name(typo), typo
+
+    check()
