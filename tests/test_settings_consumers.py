@@ -349,3 +349,22 @@ def test_schema_pending_marks_are_checked() -> None:
                 {"kind": "plugin", "target": "a", "pendng": 22}):
         with pytest.raises(Exception, match="bad consumer"):
             parse_schema(doc(bad))
+
+
+def test_env_check_says_which_set_variables_nothing_reads_yet() -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from sm70ctl.cli import app
+
+    idle = next(v for v in SCHEMA.variables if not v.consumed)
+    used = SCHEMA.by_name["SM70_PORT"]
+    env = {idle.name: idle.example, used.name: used.example, **idle.example_with}
+    result = CliRunner().invoke(app, ["env", "check", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["not_consumed_yet"] == {idle.name: idle.status()}
+    text = CliRunner().invoke(app, ["env", "check"], env=env)
+    assert f"{idle.name} is set but not consumed yet" in text.output
+    assert f"{used.name} is set but" not in text.output

@@ -61,13 +61,20 @@ def check(env_file: EnvFileOpt = None, json: JsonOpt = False) -> None:
         )
         raise typer.Exit(1) from None
     from sm70ctl.settings.loader import sources_of
+    from sm70ctl.settings.schema import load_schema
 
     changed = {k: v for k, v in sources_of(settings).items() if v != "default"}
+    # Valid but inert today: say so, or a user tunes a knob that nothing reads yet.
+    by_name = load_schema().by_name
+    idle = {k: by_name[k].status() for k in changed if not by_name[k].consumed}
     if json:
         out.emit({"ok": True, "set": {k: {"value": settings.env_text(k), "source": v}
-                                      for k, v in changed.items()}})
+                                      for k, v in changed.items()},
+                  "not_consumed_yet": idle})
     else:
         out.success(f"SM70_* settings OK ({len(changed)} set, the rest default)")
+        for name, status in idle.items():
+            out.warn(f"{name} is set but {status}: it changes nothing the server does today")
 
 
 @env_app.command("list")

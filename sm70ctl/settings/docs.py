@@ -25,7 +25,8 @@ did-you-mean suggestion.
 - `sm70ctl env list [--category C]`: every variable, its default and summary.
 - `sm70ctl env explain NAME`: one variable in full, with the place it takes effect.
 - `sm70ctl env show`: effective values and where each came from (secrets as `***`).
-- `sm70ctl env check [--env-file F]`: validate; exit 1 with a table of problems.
+- `sm70ctl env check [--env-file F]`: validate; exit 1 with a table of problems; warns about
+  set variables that are not consumed yet.
 
 Value syntax: booleans `true/false` (also `1/0`, `yes/no`, `on/off`); byte sizes as a
 byte count or with a unit (`512MiB`, `9.9GiB`, `32GB`); durations with `ms`, `s`, `m`,
