@@ -110,6 +110,15 @@ class Output:
         else:
             self.out.print_json(data=data, default=str)
 
+    def line(self, plain: str, markup: Callable[[], str]) -> None:
+        """A one-line human result on stdout: `plain` into a pipe, `markup()` through rich
+        on a terminal (a single line needs no table, so a pipe never imports rich)."""
+        if _plain(sys.stdout):
+            sys.stdout.write(plain.translate(_CONTROL) + "\n")
+            sys.stdout.flush()
+        else:
+            self.out.print(markup())
+
     # --- diagnostics (stderr) ----------------------------------------------------------
     # soft_wrap: a diagnostic stays one line whatever the width, so logs can be grepped
     def info(self, msg: str) -> None:

@@ -71,13 +71,17 @@ def run_check(settings: SettingsView, device: str, json_mode: bool) -> int:
     }
     out = Output(json_mode)
 
-    def render(console: Any) -> None:
+    def markup() -> str:
         from sm70ctl.output import escape
 
         word = "[green]warm[/green]" if verdict.warm else "[bold red]cold[/bold red]"
-        console.print(f"{word} {escape(f'[{verdict.fingerprint}]')}: {escape(verdict.reason)}")
+        return f"{word} {escape(f'[{verdict.fingerprint}]')}: {escape(verdict.reason)}"
 
-    out.emit(data, render)
+    if json_mode:
+        out.emit(data)
+    else:
+        word = "warm" if verdict.warm else "cold"
+        out.line(f"{word} [{verdict.fingerprint}]: {verdict.reason}", markup)
     return 0 if verdict.warm else 1
 
 
