@@ -138,9 +138,13 @@ def read_text(path: str | os.PathLike[str], *, what: str,
                        name=os.fspath(path))
 
 
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_TOML_STRING = re.compile(r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|'
-                          r"'[^'\n]*'|#[^\n]*", re.DOTALL)
+# Every alternative ends at its closing quote or, unterminated, at the end of the line or
+# text, so each match always succeeds and the scan stays linear: a pattern that must find
+# its closing quote rescans the rest of the text from every stray quote, which a file of
+# escaped quotes turns quadratic. A string left open is a parse error anyway.
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?', re.DOTALL)
+_TOML_STRING = re.compile(r'"""(?:[^\\]|\\.)*?(?:"""|\Z)|\'\'\'.*?(?:\'\'\'|\Z)'
+                          r'|"(?:[^"\\\n]|\\.)*"?|\'[^\'\n]*\'?|#[^\n]*', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 _OPEN = frozenset("[{")
 _CLOSE = frozenset("]}")

@@ -158,3 +158,14 @@ def test_view_json_names_file(tmp_path: Path) -> None:
     p.write_text("[]")
     msg = _err(view_json(p, what="warmup manifest").get_str, "x")
     assert msg.startswith(f"warmup manifest {p}: ")
+
+
+def test_unterminated_strings_scan_in_one_pass(tmp_path: Path) -> None:
+    # Each escaped quote after an open one used to restart the string scan: a file of
+    # them took minutes. Now it is refused as soon as it is parsed.
+    p = tmp_path / "quotes.json"
+    p.write_text('"' + '\\"' * 200_000)
+    assert "not valid JSON" in _err(read_json, p, what="manifest")
+    p = tmp_path / "quotes.toml"
+    p.write_text('"""' * 200_000)
+    assert "not valid TOML" in _err(read_toml, p, what="lock file")
