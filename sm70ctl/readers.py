@@ -279,12 +279,14 @@ class View:
     def _at(self, key: str | int) -> str:
         if isinstance(key, int):
             return f"{self.place}[{key}]"
+        key = _short(key, 60)  # a key is data too: a megabyte-long one stays one short line
         return f"{self.place}.{key}" if self.place else key
 
     def fail(self, rule: str, key: str | int | None = None) -> NoReturn:
         """Raise the one-line error for this place (or its `key`)."""
         place = self._at(key) if key is not None else (self.place or "top level")
-        raise Sm70Error(f"{self.what} {_short(self.name)}: {place}: {rule}")
+        raise Sm70Error(f"{self.what} {_short(self.name)}: {_short(place, 200)}: "
+                        f"{_short(rule, 300)}")
 
     def child(self, key: str | int, value: Any) -> View:
         return View(value, what=self.what, name=self.name, place=self._at(key))

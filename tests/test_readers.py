@@ -169,3 +169,9 @@ def test_unterminated_strings_scan_in_one_pass(tmp_path: Path) -> None:
     p = tmp_path / "quotes.toml"
     p.write_text('"""' * 200_000)
     assert "not valid TOML" in _err(read_toml, p, what="lock file")
+
+
+def test_long_keys_and_values_stay_one_short_line() -> None:
+    msg = _err(View({"k\n" * 500_000: 1}, what="x", name="f").only, ["a"])
+    assert len(msg) < 300 and "\\n" in msg
+    assert len(_err(View({"a": 10**4000}, what="x", name="f").get_int, "a", max=3)) < 400
