@@ -127,3 +127,9 @@ def test_huge_override_refused_naming_its_source() -> None:
         load_settings({}, overrides={"SM70_SERVED_MODEL_NAME": ("y" * 20_000, "--name")})
     (problem,) = info.value.problems
     assert problem.source == "--name" and "20,000 bytes" in problem.rule
+
+
+def test_huge_unknown_name_is_cut() -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings({"SM70_" + "X" * 100_000: "1"})
+    assert len(info.value.message) < 1000 and "100,005 characters" in info.value.message

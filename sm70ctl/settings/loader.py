@@ -176,13 +176,15 @@ def suggest(name: str, schema: Schema) -> str | None:
 
 
 def _unknown(name: str, raw: RawValue, schema: Schema) -> Problem:
-    guess = suggest(name, schema)
+    long_name = len(name) > _SHOWN
+    guess = None if long_name else suggest(name, schema)
     if name.upper().startswith(PREFIX):
         rule = "unknown SM70_ variable"
     else:
         rule = "not an SM70_ setting (env files for sm70ctl hold only SM70_* variables)"
     allowed = f"did you mean {guess}?" if guess else "see `sm70ctl env list`"
-    return Problem(variable=name, value=shown_value(name, raw.text), rule=rule,
+    shown_name = f"{name[:_SHOWN]}... ({len(name):,} characters)" if long_name else name
+    return Problem(variable=shown_name, value=shown_value(name, raw.text), rule=rule,
                    allowed=allowed, source=raw.source)
 
 
