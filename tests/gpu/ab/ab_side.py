@@ -1,0 +1,169 @@
+"""One side of the A/B in its own process: vLLM 0.22.1 on one checkpoint in one mode.
+
+`--side stock` runs vLLM as released (the driver starts it with VLLM_PLUGINS="" and without
+our package on the path); `--side ours` runs it with the sm70 plugin (VLLM_PLUGINS=sm70, the
+installed dist-info). Both: fp16, TRITON_ATTN, int8_per_token_head KV, vLLM's own GDN (Triton
+prefill), chunked prefill with small chunks, greedy decoding of 64 new tokens with the top-2
+log-probs of every step. The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING
+=0) so the layer methods and our op's call counts can be read here.
+
+Phases (each written to the JSON as soon as it finishes, so a killed run keeps its data):
+  single   4 prompts, one at a time (decode rows M = 1: the GEMV)
+  batch4   4 prompts together (M = 4)
+  batch16  16 mixed prompts together: 8 short, 8 long enough to be chunked (M up to 16, and
+           prefill chunks through the int8 GEMM)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+NEW_TOKENS = 64
+SHORT = [5, 9, 17, 33, 64, 100, 150, 200]
+LONG = [600, 1100, 1500, 2000, 2600, 3000, 700, 1300]
+CAPTURE_SIZES = [1, 2, 4, 8, 16]
+
+
+def prompts(seed: int = 0, vocab_cap: int = 1024) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab_cap) for _ in range(n)] for n in SHORT + LONG]
+
+
+def engine_kwargs(model: str, mode: str, max_batched: int) -> dict[str, Any]:
+    kw: dict[str, Any] = dict(
+        model=model,
+        dtype="float16",
+        kv_cache_dtype="int8_per_token_head",
+        attention_backend="TRITON_ATTN",
+        additional_config={"gdn_prefill_backend": "triton"},
+        limit_mm_per_prompt={"image": 0, "video": 0},
+        max_model_len=4096,
+        max_num_seqs=16,
+        max_num_batched_tokens=max_batched,
+        enable_chunked_prefill=True,
+        enable_prefix_caching=False,
+        gpu_memory_utilization=0.18,
+        kv_cache_memory_bytes=2 * 1024**3,
+        seed=0,
+    )
+    if mode == "eager":
+        kw["enforce_eager"] = True
+    else:
+        kw["compilation_config"] = {"cudagraph_mode": "FULL_AND_PIECEWISE",
+                                    "cudagraph_capture_sizes": CAPTURE_SIZES}
+    return kw
+
+
+def summarize_model(model: Any) -> dict[str, Any]:
+    """Which method every layer with a quant_method got, and the parameter bytes."""
+    methods: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    for name, mod in model.named_modules():
+        qm = getattr(mod, "quant_method", None)
+        if qm is None:
+            continue
+        key = f"{type(mod).__name__}:{type(qm).__name__}"
+        methods[key] = methods.get(key, 0) + 1
+        examples.setdefault(key, name)
+    params = {}
+    for p in model.parameters():
+        params[str(p.dtype)] = params.get(str(p.dtype), 0) + p.numel() * p.element_size()
+    lm = getattr(getattr(model, "language_model", model), "lm_head", None)
+    return {"methods": methods, "examples": examples, "param_bytes_by_dtype": params,
+            "lm_head_method": type(getattr(lm, "quant_method", None)).__name__}
+
+
+def run_phase(llm: Any, sp: Any, batch: list[list[int]]) -> list[dict[str, Any]]:
+    from vllm.inputs import TokensPrompt
+
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], sp, use_tqdm=False)
+    rows = []
+    for p, o in zip(batch, outs, strict=True):
+        c = o.outputs[0]
+        lps, top2 = [], []
+        for tok, step in zip(c.token_ids, c.logprobs or [], strict=False):
+            chosen = step.get(tok)
+            lps.append(None if chosen is None else float(chosen.logprob))
+            ranked = sorted(step.items(), key=lambda kv: -kv[1].logprob)
+            first = ranked[0]
+            second = ranked[1] if len(ranked) > 1 else (None, None)
+            top2.append([first[0], float(first[1].logprob),
+                         second[0], None if second[1] is None else float(second[1].logprob)])
+        rows.append({"prompt_len": len(p), "tokens": list(c.token_ids), "logprobs": lps,
+                     "top2": top2})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--side", choices=["stock", "ours"], required=True)
+    ap.add_argument("--mode", choices=["eager", "graphs"], required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--max-batched", type=int, default=512)
+    ap.add_argument("--phases", default="single,batch4,batch16")
+    a = ap.parse_args()
+
+    res: dict[str, Any] = {"side": a.side, "mode": a.mode, "model": a.model, "phases": {},
+                           "phase_seconds": {}, "error": None}
+
+    def flush() -> None:
+        a.out.write_text(json.dumps(res))
+
+    t0 = time.time()
+    try:
+        import torch
+        from vllm import LLM, SamplingParams
+
+        kw = engine_kwargs(a.model, a.mode, a.max_batched)
+        res["engine_kwargs"] = kw
+        llm = LLM(**kw)
+        res["startup_s"] = round(time.time() - t0, 1)
+        cfg = llm.llm_engine.vllm_config
+        res["quantization"] = cfg.model_config.quantization
+        res["quant_config"] = repr(cfg.quant_config)
+        res["cudagraph_mode"] = str(cfg.compilation_config.cudagraph_mode)
+        res["capture_sizes"] = list(cfg.compilation_config.cudagraph_capture_sizes or [])
+        res["model_summary"] = llm.apply_model(summarize_model)[0]
+        res["plugin_imported"] = "vllm_patch.plugin" in sys.modules
+        if res["plugin_imported"]:
+            from vllm_patch.plugin import registered
+
+            res["plugin"] = {k: str(v) for k, v in registered().items() if k != "config"}
+        flush()
+        sp = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True,
+                            logprobs=2, detokenize=False)
+        ps = prompts()
+        plan = {"single": [[p] for p in ps[:4]], "batch4": [ps[4:8]], "batch16": [ps]}
+        for phase in a.phases.split(","):
+            t = time.time()
+            rows: list[dict[str, Any]] = []
+            for batch in plan[phase]:
+                rows += run_phase(llm, sp, batch)
+            res["phases"][phase] = rows
+            res["phase_seconds"][phase] = round(time.time() - t, 2)
+            flush()
+        if "vllm_patch.quantization.sm70_gptq" in sys.modules:
+            from vllm_patch.quantization.sm70_gptq import CALLS
+
+            res["sm70_op_calls"] = dict(CALLS)
+        res["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+    except Exception as exc:  # the driver reports it; keep what ran
+        res["error"] = f"{type(exc).__name__}: {exc}"
+        res["traceback"] = traceback.format_exc()[-6000:]
+    res["total_s"] = round(time.time() - t0, 1)
+    flush()
+    return 0 if res["error"] is None else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    sys.exit(main())
