@@ -33,6 +33,9 @@ if marker:
 print(f"fake vllm: pid {os.getpid()} model {args.model} port {args.port}", flush=True)
 if args.config and os.environ.get("FAKE_PRINT_CONFIG"):  # a server that logs its args
     print("fake vllm: args from --config: " + open(args.config).read().strip(), flush=True)
+if os.environ.get("FAKE_PRINT_ENV"):  # a server that logs a variable it inherited
+    name = os.environ["FAKE_PRINT_ENV"]
+    print(f"fake vllm: {name}={os.environ.get(name)}", flush=True)
 print("fake vllm: SM70 vars seen: " + ",".join(sorted(k for k in os.environ
       if k.startswith("SM70_") and k != "SM70_PLUGIN_CONFIG")), flush=True)
 print("fake vllm: CUDA_VISIBLE_DEVICES=" + repr(os.environ.get("CUDA_VISIBLE_DEVICES")),

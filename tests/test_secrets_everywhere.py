@@ -83,8 +83,10 @@ COMMANDS = [
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
+    # the stand-in server prints an inherited secret, as a chatty server would
     return fake_env(tmp_path, free_port(), SM70_WEIGHTS_DIR=str(tmp_path / "weights"),
-                    SM70_BUILD_DIR=str(tmp_path / "build"), **PLANTED, **INNOCENT)
+                    SM70_BUILD_DIR=str(tmp_path / "build"), FAKE_PRINT_ENV="VLLM_API_KEY",
+                    SM70_ENFORCE_EAGER="false", FAKE_COMPILE="once", **PLANTED, **INNOCENT)
 
 
 def test_valid_secrets_never_shown(env: dict[str, str], tmp_path: Path) -> None:
@@ -101,6 +103,8 @@ def test_valid_secrets_never_shown(env: dict[str, str], tmp_path: Path) -> None:
     if hits := _leaks(out):
         leaks["warmup --json"] = hits
     assert record.is_file()
+    logs = list((tmp_path / "logs").glob("warmup-*.log"))
+    assert logs and all("fake vllm: VLLM_API_KEY=***" in p.read_text() for p in logs)
     assert leaks == {}
     assert _file_leaks(tmp_path) == {}
 

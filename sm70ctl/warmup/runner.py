@@ -46,6 +46,7 @@ from sm70ctl.runtime.manifest import (
 from sm70ctl.runtime.port_lock import servers_using
 from sm70ctl.runtime.probes import gpu_indices, probe_executable, probe_gpus, probe_model_dir
 from sm70ctl.runtime.server import ServerFailed, ServerLog, ServerProcess, ServerSpec, wait_ready
+from sm70ctl.secrets import secret_values
 from sm70ctl.settings.typed import SettingsView
 
 # Where compiled artefacts land inside an entry; files appearing here during the fresh-process
@@ -191,7 +192,12 @@ def _run_vllm(ctx: RunContext, folder: Path, name: str) -> Step:
         shutdown_grace=float(s.shutdown_grace),
     )
     log_path = Path(s.log_dir).expanduser() / f"warmup-{name}.log"
-    log = ServerLog(log_path, s.log_max_bytes, s.log_backups)
+    # The server inherits the caller's environment: what it prints (its arguments, a
+    # failing import's traceback) must not carry an inherited secret into the log or,
+    # through a failure's first line, into the manifest.
+    secrets = secret_values(ctx.environ, extra=[k.get_secret_value() for k in
+                                                (s.api_key, s.hf_token) if k])
+    log = ServerLog(log_path, s.log_max_bytes, s.log_backups, secrets=secrets)
     server = ServerProcess(spec, log)
     start = time.monotonic()
     try:
