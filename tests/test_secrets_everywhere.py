@@ -39,9 +39,9 @@ MISSPELT_FILE = (
 ALL_VALUES = [*PLANTED.values(), "sk-plant-typo-7777", "sk-plant-colon-8888",
               "sk-plant-unclosed-9999", "sk-plant-dup-aaaa", "sk-plant-dup-bbbb",
               "hf_plant_typo_6666"]
-# Distinctive parts, so a secret cut or quoted differently is still found.
-NEEDLES = sorted({v.split("-")[-1] if "-" in v else v.split("_")[-1] for v in ALL_VALUES} |
-                 set(ALL_VALUES))
+# Every planted value holds "plant-" or "plant_": a secret cut short or quoted differently
+# is still found, and no port number or timing can match by chance.
+NEEDLES = sorted(set(ALL_VALUES) | {"plant-", "plant_"})
 
 
 def _run(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
