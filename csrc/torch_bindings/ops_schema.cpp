@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <string>
+#include <tuple>
 
 #include "torch_bindings/bindings_common.h"
 
@@ -28,6 +29,12 @@ std::string arch_path() { return g_force_sm70.load() ? "sm70" : "native"; }
 
 bool arch_path_forces_sm70() { return g_force_sm70.load(); }
 
+// The two-GPU all-reduce's buffer registration (allreduce.cu): no CUDA tensor argument,
+// so bound here rather than through a CUDA dispatch key.
+std::tuple<int64_t, at::Tensor> allreduce_alloc(int64_t nbytes);
+int64_t allreduce_open(const at::Tensor& handle);
+void allreduce_release(int64_t ptr, bool opened);
+
 }  // namespace sm70_bindings
 
 TORCH_LIBRARY(sm70, m) {
@@ -46,4 +53,12 @@ TORCH_LIBRARY(sm70, m) {
       "Tensor? a_t, Tensor? b_t, Tensor? row_mask) -> Tensor");
   m.def("set_arch_path(str path) -> ()", &sm70_bindings::set_arch_path);
   m.def("arch_path() -> str", &sm70_bindings::arch_path);
+  // the two-GPU all-reduce (torch_bindings/allreduce.cu, docs/allreduce.md)
+  m.def("allreduce_alloc(int nbytes) -> (int, Tensor)", &sm70_bindings::allreduce_alloc);
+  m.def("allreduce_open(Tensor handle) -> int", &sm70_bindings::allreduce_open);
+  m.def("allreduce_release(int ptr, bool opened) -> ()", &sm70_bindings::allreduce_release);
+  m.def("allreduce_fp16(Tensor x, int mine, int peer, int buffer_bytes) -> Tensor");
+  m.def("allreduce_int12(Tensor x, int mine, int peer, int buffer_bytes) -> Tensor");
+  m.def("int12_pack(Tensor x) -> Tensor");
+  m.def("int12_unpack(Tensor packed) -> Tensor");
 }

@@ -31,6 +31,7 @@ def gemv_rows(m: int) -> int:
 
 GEMV = "gemv/gptq_gemv.cuh"
 DECODE = "attention/paged_decode.cuh"
+ALLREDUCE = "allreduce/two_gpu.cuh"
 GQA_GROUP = 6  # Qwen3.8-27B: 24 query heads over 4 KV heads
 MAX_QUERY_ROWS = 4  # 1 + MTP k=3
 VOLTA = "sm70::arch::Sm70"  # the architecture tag a V100 runs (csrc/common/arch.cuh)
@@ -59,6 +60,10 @@ VARIANTS: tuple[KernelVariant, ...] = (
         for qn in range(1, MAX_QUERY_ROWS + 1)
     ),
     KernelVariant("gemm/int8_gemm_lowrank.cuh", "sm70::lowrank_gemm_kernel", 128),
+    # the two-GPU all-reduce (fixed grid of 32 blocks) and the single-GPU 12-bit pack/unpack
+    *(KernelVariant(ALLREDUCE, f"sm70::allreduce_{m}_kernel", 512) for m in ("fp16", "int12")),
+    *(KernelVariant("allreduce/int12.cuh", f"sm70::int12_{op}_kernel", 256)
+      for op in ("pack", "unpack")),
 )
 
 # The H200 timing instantiations (m16n8k16), compiled for sm_90 by the resource report: the
