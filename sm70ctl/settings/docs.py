@@ -28,6 +28,20 @@ did-you-mean suggestion.
 - `sm70ctl env check [--env-file F]`: validate; exit 1 with a table of problems; warns about
   set variables that are not consumed yet.
 
+Env-file syntax (the dotenv conventions): `KEY=value` lines, optionally `export KEY=value`;
+`'single'` or `"double"` quotes (with `\\"` and `\\n` escapes in double quotes), after which
+only a `# comment` may follow; in a bare value a `#` after a space starts a comment; blank
+lines and `#` lines are skipped. A UTF-8 byte-order mark and CRLF line ends are accepted;
+only `\\n` ends a line, so a U+2028 inside a comment does not start a setting. A variable
+set twice with different values is an error naming both lines. Values are at most 16 KiB,
+path values at most 255 bytes per component and 4096 in all.
+
+Secrets: a variable whose name looks secret (the two secret settings below, a near-miss of
+them such as `SM70_API_KYE`, and common names such as `*_API_KEY`, `*_TOKEN`, `*SECRET*`,
+`*PASSWORD*`, `VLLM_API_KEY`, `HF_TOKEN`) is shown as `***` in every message, table, log and
+record, and enters the compile-cache fingerprint only as "set"; a secret value found in
+any other variable or log line is masked too (`sm70ctl/secrets.py`).
+
 Value syntax: booleans `true/false` (also `1/0`, `yes/no`, `on/off`); byte sizes as a
 byte count or with a unit (`512MiB`, `9.9GiB`, `32GB`); durations with `ms`, `s`, `m`,
 `h` (a bare number is seconds); lists comma-separated. An empty value is an error unless
