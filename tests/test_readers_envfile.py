@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from sm70ctl.errors import Sm70Error
-from sm70ctl.settings.loader import MAX_VALUE_BYTES, load_settings, parse_env_text
+from sm70ctl.settings.loader import (
+    MAX_ENV_FILE_BYTES,
+    MAX_VALUE_BYTES,
+    load_settings,
+    parse_env_text,
+)
 from sm70ctl.settings.problems import SettingsError
 
 
@@ -112,7 +117,8 @@ def test_path_limits_refused(path: str, rule: str) -> None:
 
 def test_env_file_too_big(tmp_path: Path) -> None:
     env = tmp_path / "big.env"
-    env.write_text("# x\n" * 300_000)
+    with env.open("wb") as f:  # sparse: no 32 MiB written
+        f.truncate(MAX_ENV_FILE_BYTES + 1)
     with pytest.raises(Sm70Error, match="over the limit"):
         load_settings({}, env_file=env)
 
@@ -133,3 +139,19 @@ def test_huge_unknown_name_is_cut() -> None:
     with pytest.raises(SettingsError) as info:
         load_settings({"SM70_" + "X" * 100_000: "1"})
     assert len(info.value.message) < 1000 and "100,005 characters" in info.value.message
+
+
+@pytest.mark.parametrize("quote", ["", "'", '"'])
+def test_huge_value_in_env_file_refused_by_name(tmp_path: Path, quote: str) -> None:
+    env = tmp_path / "big.env"
+    env.write_text(f"SM70_PORT=8001\nSM70_SERVED_MODEL_NAME={quote}{'v' * 10_000_000}{quote}\n")
+    with pytest.raises(SettingsError) as info:
+        load_settings({}, env_file=env)
+    (problem,) = info.value.problems
+    assert problem.variable == "SM70_SERVED_MODEL_NAME"
+    assert "10,000,000 bytes" in problem.rule and "16,384" in problem.allowed
+
+
+def test_double_quote_escapes() -> None:
+    assert _values('SM70_SERVED_MODEL_NAME="a\\\\b\\nc\\qd"') == {
+        "SM70_SERVED_MODEL_NAME": "a\\b\nc\\qd"}

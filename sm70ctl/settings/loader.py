@@ -32,13 +32,17 @@ DEFAULT = "default"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EXPORT = re.compile(r"export\s+")
 
-# Env files hold a few dozen short settings; a bigger one is a wrong file given.
-MAX_ENV_FILE_BYTES = 1024 * 1024
+# Env files hold a few dozen short settings. The file limit is far above the value limit,
+# so that an over-long value is refused by name (the setting and its limit) rather than as
+# an over-long file; only a file that cannot be an env file at all is refused whole.
+MAX_ENV_FILE_BYTES = 32 * 1024 * 1024
 # No setting needs more: paths stop at PATH_MAX, lists at a few hundred items. The bound
 # keeps a value far below what one argument or variable of exec may carry, so a pasted
 # blob is refused here instead of killing the vLLM launch ("Argument list too long").
 MAX_VALUE_BYTES = 16 * 1024
 _SHOWN = 60
+_DOUBLE_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"', re.DOTALL)
+_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
 _DOUBLE_ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "t": "\t", "r": "\r", "$": "$",
                    "'": "'"}
 
@@ -63,19 +67,12 @@ def _parse_value(rest: str) -> str:
             raise _LineError("single quote not closed on this line")
         value, tail = rest[1:close], rest[close + 1:]
     elif rest[:1] == '"':
-        out: list[str] = []
-        i = 1
-        while i < len(rest) and rest[i] != '"':
-            if rest[i] == "\\" and i + 1 < len(rest):
-                nxt = rest[i + 1]
-                out.append(_DOUBLE_ESCAPES.get(nxt, "\\" + nxt))
-                i += 2
-                continue
-            out.append(rest[i])
-            i += 1
-        if i >= len(rest):
+        quoted = _DOUBLE_QUOTED.match(rest)
+        if quoted is None:
             raise _LineError("double quote not closed on this line")
-        value, tail = "".join(out), rest[i + 1:]
+        value = _ESCAPE.sub(lambda m: _DOUBLE_ESCAPES.get(m.group(1), m.group(0)),
+                            quoted.group(1))
+        tail = rest[quoted.end():]
     else:
         return re.split(r"[ \t]#", rest, maxsplit=1)[0].strip(" \t")
     tail = tail.strip(" \t")
