@@ -91,11 +91,12 @@ def _short(path: str | os.PathLike[str], limit: int = 120) -> str:
 
 
 def read_bytes(path: str | os.PathLike[str], *, what: str,
-               max_bytes: int = MAX_FILE_BYTES) -> bytes:
+               max_bytes: int = MAX_FILE_BYTES, allow_pipe: bool = False) -> bytes:
     """The content of a regular file of at most `max_bytes`, else one Sm70Error line.
 
     Links are followed (a checkpoint may link its files); what they lead to must be a
-    regular file, so a folder, FIFO or device is refused before it is opened."""
+    regular file, so a folder or device is refused before it is opened. `allow_pipe`
+    also takes a pipe (`--env-file <(...)`): it is read up to the same limit."""
     p = check_path(path, what)
     try:
         info = p.stat()
@@ -103,7 +104,8 @@ def read_bytes(path: str | os.PathLike[str], *, what: str,
         raise Sm70Error(f"{what} {_short(p)}: cannot read: {exc.strerror or exc}") from None
     if stat.S_ISDIR(info.st_mode):
         raise Sm70Error(f"{what} {_short(p)}: is a folder, not a file")
-    if not stat.S_ISREG(info.st_mode):
+    pipe = allow_pipe and stat.S_ISFIFO(info.st_mode)
+    if not stat.S_ISREG(info.st_mode) and not pipe:
         raise Sm70Error(f"{what} {_short(p)}: not a regular file")
     if info.st_size > max_bytes:
         raise Sm70Error(f"{what} {_short(p)}: {info.st_size:,} bytes, over the limit of "
@@ -132,10 +134,10 @@ def decode_text(data: bytes, *, what: str, name: str) -> str:
 
 
 def read_text(path: str | os.PathLike[str], *, what: str,
-              max_bytes: int = MAX_FILE_BYTES) -> str:
+              max_bytes: int = MAX_FILE_BYTES, allow_pipe: bool = False) -> str:
     """A bounded UTF-8 text file (BOM dropped), else one Sm70Error line."""
-    return decode_text(read_bytes(path, what=what, max_bytes=max_bytes), what=what,
-                       name=os.fspath(path))
+    data = read_bytes(path, what=what, max_bytes=max_bytes, allow_pipe=allow_pipe)
+    return decode_text(data, what=what, name=os.fspath(path))
 
 
 # Every alternative ends at its closing quote or, unterminated, at the end of the line or

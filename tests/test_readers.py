@@ -175,3 +175,27 @@ def test_long_keys_and_values_stay_one_short_line() -> None:
     msg = _err(View({"k\n" * 500_000: 1}, what="x", name="f").only, ["a"])
     assert len(msg) < 300 and "\\n" in msg
     assert len(_err(View({"a": 10**4000}, what="x", name="f").get_int, "a", max=3)) < 400
+
+
+def test_pipe_allowed_only_when_asked(tmp_path: Path) -> None:
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        try:
+            with open(fifo, "w") as f:
+                f.write("SM70_PORT=1\n" * 10)
+        except BrokenPipeError:  # the reader stopped at its limit
+            pass
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert read_text(fifo, what="env file", allow_pipe=True) == "SM70_PORT=1\n" * 10
+    writer.join()
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert "over the limit of 20 bytes" in _err(read_text, fifo, what="env file",
+                                                allow_pipe=True, max_bytes=20)
+    writer.join()

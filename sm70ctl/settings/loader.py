@@ -134,7 +134,7 @@ def parse_env_file(path: Path) -> tuple[dict[str, RawValue], list[Problem]]:
     """An env file by the dotenv conventions (BOM, CRLF, `export`, quotes with a trailing
     comment) -> values and syntax problems; an unreadable file is one Sm70Error."""
     try:
-        text = read_text(path, what="env file", max_bytes=MAX_ENV_FILE_BYTES)
+        text = read_text(path, what="env file", max_bytes=MAX_ENV_FILE_BYTES, allow_pipe=True)
     except Sm70Error as exc:
         raise Sm70Error(exc.message, hint="pass an existing UTF-8 .env file to --env-file") \
             from None
