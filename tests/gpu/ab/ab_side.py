@@ -23,6 +23,7 @@ import random
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,10 @@ def prompts(seed: int = 0, vocab_cap: int = 1024) -> list[list[int]]:
     return [[rng.randrange(vocab_cap) for _ in range(n)] for n in SHORT + LONG]
 
 
-def engine_kwargs(model: str, mode: str, max_batched: int) -> dict[str, Any]:
+def engine_kwargs(
+    model: str, mode: str, max_batched: int, max_len: int = 4096, kv_gib: float = 2,
+    util: float = 0.18,
+) -> dict[str, Any]:
     kw: dict[str, Any] = dict(
         model=model,
         dtype="float16",
@@ -45,13 +49,13 @@ def engine_kwargs(model: str, mode: str, max_batched: int) -> dict[str, Any]:
         attention_backend="TRITON_ATTN",
         additional_config={"gdn_prefill_backend": "triton"},
         limit_mm_per_prompt={"image": 0, "video": 0},
-        max_model_len=4096,
+        max_model_len=max_len,
         max_num_seqs=16,
         max_num_batched_tokens=max_batched,
         enable_chunked_prefill=True,
         enable_prefix_caching=False,
-        gpu_memory_utilization=0.18,
-        kv_cache_memory_bytes=2 * 1024**3,
+        gpu_memory_utilization=util,
+        kv_cache_memory_bytes=int(kv_gib * 1024**3),
         seed=0,
     )
     if mode == "eager":
@@ -102,6 +106,29 @@ def run_phase(llm: Any, sp: Any, batch: list[list[int]]) -> list[dict[str, Any]]
     return rows
 
 
+def _exclusive_gpu(name: str) -> Iterator[float]:
+    """Timed work runs alone on the GPU: wait until every peer (AB_PEERS processes) has
+    started its engine (AB_READY_DIR holds one file per started side), then hold an
+    exclusive lock until the generator is closed. Yields the seconds spent waiting."""
+    ready = os.environ.get("AB_READY_DIR")
+    if not ready:
+        yield 0.0
+        return
+    import fcntl
+
+    t = time.time()
+    d = Path(ready)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).touch()
+    peers = int(os.environ.get("AB_PEERS", "1"))
+    while len(list(d.iterdir())) < peers and time.time() - t < 300:
+        time.sleep(1)
+    with open(d.parent / "gpu.lock", "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield round(time.time() - t, 1)
+        fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--side", choices=["stock", "ours"], required=True)
@@ -110,6 +137,11 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--max-batched", type=int, default=512)
     ap.add_argument("--phases", default="single,batch4,batch16")
+    ap.add_argument("--max-len", type=int, default=4096)
+    ap.add_argument("--kv-gib", type=float, default=2)
+    ap.add_argument("--util", type=float, default=0.18)
+    ap.add_argument("--bench", action="store_true", help="also bench/bench_vllm_decode.py")
+    ap.add_argument("--quick-bench", action="store_true", help="the bench without b16 at 32K")
     a = ap.parse_args()
 
     res: dict[str, Any] = {"side": a.side, "mode": a.mode, "model": a.model, "phases": {},
@@ -123,7 +155,7 @@ def main() -> int:
         import torch
         from vllm import LLM, SamplingParams
 
-        kw = engine_kwargs(a.model, a.mode, a.max_batched)
+        kw = engine_kwargs(a.model, a.mode, a.max_batched, a.max_len, a.kv_gib, a.util)
         res["engine_kwargs"] = kw
         llm = LLM(**kw)
         res["startup_s"] = round(time.time() - t0, 1)
@@ -139,6 +171,8 @@ def main() -> int:
 
             res["plugin"] = {k: str(v) for k, v in registered().items() if k != "config"}
         flush()
+        gate = _exclusive_gpu(a.side + "_" + a.mode)
+        res["waited_for_peers_s"] = next(gate)
         sp = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True,
                             logprobs=2, detokenize=False)
         ps = prompts()
@@ -151,12 +185,29 @@ def main() -> int:
             res["phases"][phase] = rows
             res["phase_seconds"][phase] = round(time.time() - t, 2)
             flush()
+        if a.bench:
+            import importlib.util
+
+            # By file path: the bench module imports no vllm_patch (stock stays stock).
+            path = Path(__file__).resolve().parents[3] / "bench" / "bench_vllm_decode.py"
+            spec = importlib.util.spec_from_file_location("bench_vllm_decode", path)
+            assert spec is not None and spec.loader is not None
+            bench = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(bench)
+            t = time.time()
+            res["bench"] = bench.measure(llm, a.max_len, quick=a.quick_bench)
+            res["phase_seconds"]["bench"] = round(time.time() - t, 2)
+            flush()
         if "vllm_patch.quantization.sm70_gptq" in sys.modules:
             from vllm_patch.quantization.sm70_gptq import CALLS
 
             res["sm70_op_calls"] = dict(CALLS)
         res["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+        next(gate, None)
     except Exception as exc:  # the driver reports it; keep what ran
+        if os.environ.get("AB_READY_DIR"):  # a failed start must not hold its peers back
+            Path(os.environ["AB_READY_DIR"]).mkdir(parents=True, exist_ok=True)
+            (Path(os.environ["AB_READY_DIR"]) / f"{a.side}_{a.mode}").touch()
         res["error"] = f"{type(exc).__name__}: {exc}"
         res["traceback"] = traceback.format_exc()[-6000:]
     res["total_s"] = round(time.time() - t0, 1)

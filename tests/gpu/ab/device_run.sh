@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root: the A/B for one shape, results under $OUT.
 #   . .device/vllm/install.sh && bash tests/gpu/ab/device_run.sh tiny 540
+#   . .device/vllm/install.sh && bash tests/gpu/ab/device_run.sh slice 330 --modes graphs \
+#       --side-args "--max-len 33792 --max-batched 2048 --kv-gib 8 --util 0.3 --bench"
 set -u
 shape=${1:-tiny}
 budget=${2:-540}
@@ -25,4 +27,8 @@ else
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, vllm, transformers; print(torch.__version__, vllm.__version__, transformers.__version__)" > "$OUT/versions.txt" 2>&1
-python3 tests/gpu/ab/run_ab.py --shape "$shape" --out "$OUT" --budget-s "$budget"
+shift 2 2>/dev/null || shift $#
+python3 tests/gpu/ab/run_ab.py --shape "$shape" --out "$OUT" --budget-s "$budget" "$@"
+if [[ -f "$OUT/sides_$shape.json" ]] && grep -q '"bench"' "$OUT/sides_$shape.json"; then
+  python3 bench/bench_vllm_decode.py "$OUT/sides_$shape.json" --out "$OUT/h200_vllm_decode.json"
+fi

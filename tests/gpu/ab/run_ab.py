@@ -92,7 +92,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--modes", default="eager,graphs")
+    ap.add_argument("--side-args", default="",
+                    help="extra ab_side.py arguments, e.g. '--max-len 33792 --bench'")
     a = ap.parse_args()
+    extra = a.side_args.split()
     t0 = time.time()
     deadline = t0 + a.budget_s
     out = a.out
@@ -140,11 +143,17 @@ def main() -> int:
         return 1
     modes = a.modes.split(",")
     procs: dict[str, subprocess.Popen] = {}
+    if "--bench" in extra:
+        # Timed work must not share the GPU: the sides take turns once all have started.
+        ready = work / "ready"
+        shutil.rmtree(ready, ignore_errors=True)
+        os.environ["AB_READY_DIR"] = str(ready)
+        os.environ["AB_PEERS"] = str(2 * len(modes))
     for mode in modes:
         name = f"stock_{mode}"
         procs[name] = start([py, str(HERE / "ab_side.py"), "--side", "stock", "--mode", mode,
                              "--model", str(work / "fp16"),
-                             "--out", str(side_dir / f"{name}.json")],
+                             "--out", str(side_dir / f"{name}.json"), *extra],
                             side_env("stock", {"VLLM_CACHE_ROOT": f"/tmp/vc_{name}"}),
                             logs / f"{name}.log")
     brc = build.wait(timeout=max(1, deadline - time.time()))
@@ -156,7 +165,7 @@ def main() -> int:
             name = f"ours_{mode}"
             procs[name] = start([py, str(HERE / "ab_side.py"), "--side", "ours", "--mode", mode,
                                  "--model", str(work / "int8"),
-                                 "--out", str(side_dir / f"{name}.json")],
+                                 "--out", str(side_dir / f"{name}.json"), *extra],
                                 side_env("ours", {"VLLM_CACHE_ROOT": f"/tmp/vc_{name}"}),
                                 logs / f"{name}.log")
     for name, p in procs.items():
@@ -178,7 +187,7 @@ def main() -> int:
         n: {k: s.get(k) for k in ("error", "startup_s", "total_s", "quantization",
                                   "cudagraph_mode", "capture_sizes", "model_summary",
                                   "plugin_imported", "plugin", "sm70_op_calls",
-                                  "phase_seconds", "max_memory_allocated")}
+                                  "phase_seconds", "max_memory_allocated", "bench")}
         for n, s in sides.items()
     }
     for n, s in sides.items():
