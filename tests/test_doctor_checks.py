@@ -41,6 +41,8 @@ def status(data: pr.ProbeData, check_id: str, config: DoctorConfig | None = None
 EXPECTED_NOT_PASSING = {
     "v100_nvlink": {},
     "v100_pcie_no_p2p": {"gpu.interconnect": "warn"},
+    "v100_pcie_p2p": {},
+    "mixed_4gpu": {},
     "busy_gpu": {"gpu.memory": "fail"},
     "cuda13": {"cuda.nvcc": "fail", "cuda.sm70-probe": "fail"},
     "gcc15": {"host.gcc": "warn", "cuda.sm70-probe": "fail"},

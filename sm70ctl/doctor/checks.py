@@ -11,8 +11,9 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
-from sm70ctl.devices.nvml import GpuProbe, NvmlProbe, PairProbe
+from sm70ctl.devices.nvml import GpuProbe, NvmlProbe
 from sm70ctl.devices.selection import resolve_gpus
+from sm70ctl.devices.topology import link_kind  # the one link rule, shared with serving
 from sm70ctl.doctor.config import BUILD_FREE_BYTES, GB, WEIGHTS_FREE_BYTES, DoctorConfig
 from sm70ctl.doctor.probes import ProbeData
 
@@ -629,14 +630,6 @@ def gpu_pcie(config: DoctorConfig, data: ProbeData) -> Verdict:
         return PASS, shown, ""
 
     return per_gpu(config, data, judge)
-
-
-def link_kind(pair: PairProbe) -> str:
-    if (pair.nvlink_active or 0) > 0 or pair.p2p_nvlink == "ok":
-        return "nvlink"
-    if pair.p2p_read == "ok":
-        return "pcie_p2p"
-    return "none"
 
 
 ALLREDUCE = {

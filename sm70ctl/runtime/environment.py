@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from sm70ctl.devices.topology import AllreduceChoice, nccl_p2p_disable
 from sm70ctl.errors import Sm70Error
 from sm70ctl.runtime.compile_cache import cache_env, compile_cache_dir
 from sm70ctl.runtime.plugin_config import PLUGIN_CONFIG_ENV, plugin_config_obj
@@ -66,14 +67,9 @@ def visible_devices(settings: SettingsView, gpu_indices: Sequence[int] | None = 
 
 
 def p2p_disable(settings: SettingsView, p2p_available: bool | None) -> str | None:
-    """NCCL_P2P_DISABLE: forced by SM70_P2P, else from the topology (None: leave unset)."""
-    if settings.p2p == "on":
-        return "0"
-    if settings.p2p == "off":
-        return "1"
-    if p2p_available is None:
-        return None
-    return "0" if p2p_available else "1"
+    """NCCL_P2P_DISABLE: forced by SM70_P2P, else from the topology (None: leave unset);
+    the rule is sm70ctl.devices.topology's, which the all-reduce choice uses too."""
+    return nccl_p2p_disable(settings.p2p, p2p_available)
 
 
 def vllm_env(
@@ -82,12 +78,16 @@ def vllm_env(
     p2p_available: bool | None = None,
     gpu_indices: Sequence[int] | None = None,
     cache_entry: Path | None = None,
+    allreduce: AllreduceChoice | None = None,
 ) -> dict[str, str]:
     """The variables sm70ctl sets for vLLM, NCCL and PyTorch (on top of the inherited env).
 
     `p2p_available`: whether driver P2P works between every pair of the GPUs (probed by
     serve); None when unknown. `gpu_indices`: SM70_GPUS resolved to CUDA indices.
     `cache_entry`: the warmed cache entry (default: `compile_cache_dir(settings)`).
+    `allreduce`: the all-reduce chosen from the probed topology (runtime.probes.
+    probe_allreduce); when given, it sets NCCL_P2P_DISABLE and the plugin configuration's
+    resolved `allreduce.mode` (fp16, int12 or nccl) instead of SM70_ALLREDUCE_MODE as set.
     """
     s = settings
     env = {
@@ -101,9 +101,12 @@ def vllm_env(
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
         **cache_env(cache_entry or compile_cache_dir(s)),
         "VLLM_LOGGING_LEVEL": s.log_level.upper(),
-        PLUGIN_CONFIG_ENV: plugin_config_obj(s).to_json(),
+        PLUGIN_CONFIG_ENV: plugin_config_obj(
+            s, allreduce_mode=allreduce.mode if allreduce is not None else None
+        ).to_json(),
     }
-    disable = p2p_disable(s, p2p_available)
+    disable = (allreduce.nccl_p2p_disable if allreduce is not None
+               else p2p_disable(s, p2p_available))
     if disable is not None:
         env["NCCL_P2P_DISABLE"] = disable
     if s.profile_dir is not None:
@@ -117,6 +120,7 @@ def managed_env(
     cache_entry: Path,
     gpu_indices: list[int] | None = None,
     p2p_available: bool | None = None,
+    allreduce: AllreduceChoice | None = None,
 ) -> dict[str, str]:
     """Every variable sm70ctl sets for the server (`vllm_env`), with the caches in the
     warmup's fingerprinted entry; `device` cpu clears the GPUs."""
@@ -125,11 +129,12 @@ def managed_env(
     elif gpu_indices is None and not all(g.isdigit() for g in settings.gpus):
         # Only reachable from a dry run (a real run stops at the failed GPU check first).
         env = vllm_env(settings, p2p_available=p2p_available,
-                       gpu_indices=list(range(len(settings.gpus))), cache_entry=cache_entry)
+                       gpu_indices=list(range(len(settings.gpus))), cache_entry=cache_entry,
+                       allreduce=allreduce)
         env["CUDA_VISIBLE_DEVICES"] = "(unresolved: " + ",".join(settings.gpus) + ")"
     else:
         env = vllm_env(settings, p2p_available=p2p_available, gpu_indices=gpu_indices,
-                       cache_entry=cache_entry)
+                       cache_entry=cache_entry, allreduce=allreduce)
     return env
 
 

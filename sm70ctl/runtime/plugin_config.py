@@ -20,7 +20,9 @@ def plugin_config(settings: SettingsView) -> dict[str, Any]:
     return plugin_config_obj(settings).to_dict()
 
 
-def plugin_config_obj(settings: SettingsView) -> PluginConfig:
+def plugin_config_obj(settings: SettingsView, allreduce_mode: str | None = None) -> PluginConfig:
+    """`allreduce_mode`: the all-reduce resolved from the probed topology (fp16, int12 or
+    nccl: sm70ctl.devices.topology); None passes SM70_ALLREDUCE_MODE as set."""
     from vllm_patch.config import (
         AllreduceConfig,
         AttentionConfig,
@@ -62,7 +64,7 @@ def plugin_config_obj(settings: SettingsView) -> PluginConfig:
             gemv_max_rows=s.gemv_max_rows,
         ),
         allreduce=AllreduceConfig(
-            mode=s.allreduce_mode, buffer_bytes=s.allreduce_buffer_bytes
+            mode=allreduce_mode or s.allreduce_mode, buffer_bytes=s.allreduce_buffer_bytes
         ),
         gdn=GdnConfig(
             kernel=s.gdn_kernel, chunk_size=s.gdn_chunk_size, state_dtype=s.gdn_state_dtype

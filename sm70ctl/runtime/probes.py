@@ -16,6 +16,7 @@ from typing import Any
 
 from sm70ctl.devices.nvml import probe_nvml
 from sm70ctl.devices.selection import resolve_gpu_entries
+from sm70ctl.devices.topology import AllreduceChoice, choose_allreduce, serving_links
 from sm70ctl.errors import Sm70Error
 from sm70ctl.readers import read_json
 from sm70ctl.settings.typed import SettingsView
@@ -87,3 +88,19 @@ def gpu_indices(settings: SettingsView) -> list[int] | None:
         return None
     indices, problems = resolve_gpu_entries(settings.gpus, gpus)
     return None if problems else indices
+
+
+def probe_allreduce(settings: SettingsView, gpu_indices: list[int] | None) -> AllreduceChoice:
+    """The all-reduce for the serving GPUs from their NVML links (sm70ctl.devices.topology);
+    an unknown topology (no NVML, unresolved GPUs) is passed on as unknown. Raises
+    Sm70Error when SM70_ALLREDUCE_MODE / SM70_P2P ask for what the links cannot do."""
+    links = None
+    if gpu_indices is not None:
+        nvml = probe_nvml(settings.gpus)
+        if nvml.available:
+            links = serving_links(nvml.pairs, gpu_indices)
+    return choose_allreduce(
+        mode=settings.allreduce_mode, p2p=settings.p2p,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        gpu_indices=gpu_indices or [], links=links,
+    )
