@@ -28,13 +28,6 @@ def test_kernel_list_is_the_loaders_and_covers_the_nvrtc_headers() -> None:
     assert all(p.is_file() for p in kernels.binding_sources(CSRC))
 
 
-def test_compile_script_takes_csrc_or_derives_it_from_a_source() -> None:
-    unit = CSRC / "torch_bindings" / "ops.cu"
-    assert compile_kernels.csrc_from_args(Path("/x/csrc"), [str(unit)]) == Path("/x/csrc")
-    assert compile_kernels.csrc_from_args(None, [str(unit)]) == CSRC
-    assert compile_kernels.csrc_from_args(None, []) is None
-
-
 def test_compile_script_refuses_a_folder_without_bindings(tmp_path: Path, capsys) -> None:
     assert compile_kernels.main(["--out", str(tmp_path / "o"), "--csrc", str(tmp_path)]) == 1
     assert "no kernel sources to build" in capsys.readouterr().err

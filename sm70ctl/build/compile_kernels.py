@@ -38,26 +38,15 @@ def _import_ops_build(package_dir: Path) -> ModuleType:
     return importlib.import_module("vllm_patch.ops.build")
 
 
-def csrc_from_args(csrc: Path | None, source: list[str]) -> Path | None:
-    """--csrc, else the csrc/ above the first --source (csrc/torch_bindings/X.cu)."""
-    if csrc is not None:
-        return csrc
-    return Path(source[0]).resolve().parents[1] if source else None
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--csrc", type=Path, default=None)
-    # the older interface (translation units and include folders): only the csrc/ they lie in
-    # is used, since the ops build lists its own units
-    ap.add_argument("--source", action="append", default=[])
-    ap.add_argument("--include", action="append", default=[])
+    ap.add_argument("--csrc", type=Path, required=True)
     args = ap.parse_args(argv)
-    csrc = csrc_from_args(args.csrc, args.source)
-    if csrc is None or not (csrc / "torch_bindings").is_dir():
-        print(f"error: no kernel sources to build (--csrc {csrc or 'not given'} has no "
-              "torch_bindings/ folder)", file=sys.stderr)
+    csrc = args.csrc
+    if not (csrc / "torch_bindings").is_dir():
+        print(f"error: no kernel sources to build (--csrc {csrc} has no torch_bindings/ "
+              "folder)", file=sys.stderr)
         return 1
     ops_build = _import_ops_build(PACKAGE)
     threads = os.environ.get("NVCC_THREADS")
