@@ -32,6 +32,11 @@ REFERENCE = (
     "\"cudagraph_capture_sizes\":[1,2,4,8]} --mamba-cache-mode all "
     "--speculative-config {\"method\":\"mtp\",\"num_speculative_tokens\":3}"
 )
+# What the defaults launch: the reference line with the two values vLLM 0.22.1 does not keep
+# replaced (issue 24, tests/test_vllm_config_parity.py): it runs mamba cache mode `all` as
+# `align` for Qwen3.5, and rounds capture sizes up to multiples of 1 + k tokens under MTP.
+DEFAULT_LINE = REFERENCE.replace("--mamba-cache-mode all", "--mamba-cache-mode align").replace(
+    "[1,2,4,8]", "[4,8,16,32,64]")
 REFERENCE_ENV = {
     "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
     "TORCH_CUDA_ARCH_LIST": "7.0",
@@ -59,7 +64,8 @@ def test_default_argv_reproduces_the_reference_command_exactly():
     argv = vllm_argv(s)
     assert argv[0] == str(s.serve_python)
     assert argv[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", str(s.model_dir)]
-    reference = shlex.split(REFERENCE.replace('"', '\\"'))
+    assert DEFAULT_LINE != REFERENCE
+    reference = shlex.split(DEFAULT_LINE.replace('"', '\\"'))
     assert argv[5 : 5 + len(reference)] == reference
     additions = argv[5 + len(reference) :]
     assert additions == [
@@ -95,7 +101,7 @@ def test_p2p_follows_setting_then_topology(mode, available, expected):
 
 
 @pytest.mark.parametrize("environ", [
-    {}, {"SM70_SPEC_METHOD": "ngram"}, {"SM70_SPEC_TOKENS": "1"},
+    {}, {"SM70_SPEC_METHOD": "ngram"}, {"SM70_SPEC_TOKENS": "1", "SM70_CUDAGRAPH_SIZES": "2,4"},
     {"SM70_SPEC_TOKENS": "7", "SM70_CUDAGRAPH_SIZES": "8,4,2,1"},
 ])
 def test_speculative_config_appears_exactly_once(environ):

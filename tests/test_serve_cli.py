@@ -170,7 +170,7 @@ REFERENCE = (
     "--max-num-batched-tokens 2048 --limit-mm-per-prompt '{\"image\":20,\"video\":2}' "
     "--enable-auto-tool-choice --tool-call-parser qwen3_coder --reasoning-parser qwen3 "
     "--compilation-config '{\"cudagraph_mode\":\"full_and_piecewise\","
-    "\"cudagraph_capture_sizes\":[1,2,4,8]}' --mamba-cache-mode all --speculative-config "
+    "\"cudagraph_capture_sizes\":[4,8,16,32,64]}' --mamba-cache-mode align --speculative-config "
     "'{\"method\":\"mtp\",\"num_speculative_tokens\":3}'"
 )
 

@@ -70,7 +70,7 @@ def test_no_sm70_variables_loads_the_reference_defaults():
     assert s.kv_cache_bytes == 10630627328
     assert s.gpu_memory_utilization == 0.96
     assert (s.max_num_seqs, s.max_num_batched_tokens, s.prefill_chunk) == (16, 2048, 2048)
-    assert s.cudagraph_sizes == [1, 2, 4, 8]
+    assert s.cudagraph_sizes == [4, 8, 16, 32, 64] and s.mamba_cache_mode == "align"
     assert (s.spec_method, s.spec_tokens) == ("mtp", 3)
     assert s.gpus == ["0", "1"] and s.tensor_parallel_size == 2
     assert s.startup_timeout == 1800.0 and s.gpu_busy_mib == 500 * 1024**2
@@ -97,7 +97,8 @@ def test_units_and_lists_are_parsed():
         "SM70_KV_CACHE_BYTES": "9GiB", "SM70_STARTUP_TIMEOUT": "5m",
         "SM70_SHUTDOWN_GRACE": "1500ms", "SM70_CUDAGRAPH_SIZES": " 8, 4,2,1 ,16",
         "SM70_GPU_BUSY_MIB": "1.5GiB", "SM70_LOG_MAX_BYTES": "10MB",
-        "SM70_ENABLE_PREFIX_CACHING": "no", "SM70_RESTART": "ON",
+        "SM70_ENABLE_PREFIX_CACHING": "no", "SM70_MAMBA_CACHE_MODE": "none",
+        "SM70_RESTART": "ON",
     })
     assert s.kv_cache_bytes == 9 * 1024**3
     assert s.startup_timeout == 300.0 and s.shutdown_grace == 1.5
@@ -195,8 +196,13 @@ CROSS = [
     ("int12-needs-tp", {"SM70_ALLREDUCE_MODE": "int12", "SM70_TENSOR_PARALLEL_SIZE": "1",
      "SM70_GPUS": "0"}, {"SM70_ALLREDUCE_MODE": "fp16", "SM70_TENSOR_PARALLEL_SIZE": "1",
      "SM70_GPUS": "0"}, "SM70_ALLREDUCE_MODE"),
-    ("mamba-align-spec-prefix", {"SM70_MAMBA_CACHE_MODE": "align"},
-     {"SM70_MAMBA_CACHE_MODE": "align", "SM70_ENABLE_PREFIX_CACHING": "false"},
+    ("mamba-mode-kept all", {"SM70_MAMBA_CACHE_MODE": "all"},
+     {"SM70_MAMBA_CACHE_MODE": "align"}, "SM70_MAMBA_CACHE_MODE"),
+    ("mamba-mode-kept caching off", {"SM70_ENABLE_PREFIX_CACHING": "false"},
+     {"SM70_ENABLE_PREFIX_CACHING": "false", "SM70_MAMBA_CACHE_MODE": "none"},
+     "SM70_MAMBA_CACHE_MODE"),
+    ("mamba-mode-kept none with caching", {"SM70_MAMBA_CACHE_MODE": "none"},
+     {"SM70_MAMBA_CACHE_MODE": "none", "SM70_ENABLE_PREFIX_CACHING": "false"},
      "SM70_MAMBA_CACHE_MODE"),
     ("async-scheduling-spec", {"SM70_ASYNC_SCHEDULING": "true"},
      {"SM70_ASYNC_SCHEDULING": "true", "SM70_SPEC_METHOD": "none"}, "SM70_ASYNC_SCHEDULING"),

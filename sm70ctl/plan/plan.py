@@ -53,7 +53,7 @@ class PlanInputs:
     clef_rank: int = 256
     prompt_logprobs_chunk: int = 256
     max_logprobs: int = 20
-    cudagraph_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    cudagraph_sizes: tuple[int, ...] = (4, 8, 16, 32, 64)
     allreduce_buffer_bytes: int = 16 * MiB
     decode_max_splits: int = 64
     draft_head_dtype: str = "int8"

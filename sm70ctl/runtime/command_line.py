@@ -1,7 +1,9 @@
 """The vLLM API server's command line, from the settings (pure).
 
 With default settings the argv starts with the reference deployment's command, flag for
-flag and in the same order (FACTS.md), followed by our additions; tests pin it.
+flag and in the same order (FACTS.md), but for two values vLLM 0.22.1 would not keep (the
+mamba cache mode and the capture sizes, sm70ctl.runtime.config_parity), followed by our
+additions; tests pin it.
 """
 
 from __future__ import annotations

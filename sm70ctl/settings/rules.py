@@ -146,20 +146,25 @@ def _int12_tp(s: SettingsView) -> Problem | None:
     return None
 
 
-@rule("mamba-align-spec-prefix")
-def _mamba_align(s: SettingsView) -> Problem | None:
-    """Refused: `SM70_MAMBA_CACHE_MODE=align` with speculative decoding and prefix caching (silently
-    corrupted output in the reference).
+@rule("mamba-mode-kept")
+def _mamba_mode(s: SettingsView) -> Problem | None:
+    """Refused: a `SM70_MAMBA_CACHE_MODE` vLLM 0.22.1 silently replaces for Qwen3.5: `all`
+    (it runs `align`; forcing `all` raises), and any mode but `align` with prefix caching or
+    `none` without.
     """
-    if s.mamba_cache_mode == "align" and s.spec_method != "none" and s.enable_prefix_caching:
-        return _p(
-            "SM70_MAMBA_CACHE_MODE", s.mamba_cache_mode,
-            "mamba cache mode `align` with speculative decoding and prefix caching silently "
-            "corrupted output in the reference",
-            "all (or turn off SM70_SPEC_METHOD or SM70_ENABLE_PREFIX_CACHING)",
-            "SM70_SPEC_METHOD", "SM70_ENABLE_PREFIX_CACHING",
-        )
-    return None
+    kept = "align" if s.enable_prefix_caching else "none"
+    if s.mamba_cache_mode == kept:
+        return None
+    caching = "on" if s.enable_prefix_caching else "off"
+    if s.mamba_cache_mode == "all":
+        why = ("vLLM 0.22.1 has no `all` mode for Qwen3.5 (no per-block GDN state): it "
+               f"silently runs `{kept}` instead, and forcing `all` raises")
+    else:
+        why = (f"with prefix caching {caching}, vLLM 0.22.1 silently replaces mamba cache "
+               f"mode `{s.mamba_cache_mode}` by `{kept}`")
+    return _p("SM70_MAMBA_CACHE_MODE", s.mamba_cache_mode, why,
+              f"{kept} while SM70_ENABLE_PREFIX_CACHING is {caching}",
+              "SM70_ENABLE_PREFIX_CACHING")
 
 
 @rule("async-scheduling-spec")
