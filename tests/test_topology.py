@@ -182,3 +182,32 @@ def test_the_runtime_reuses_the_one_p2p_rule() -> None:
     env = vllm_env(settings(p2p="on"), gpu_indices=[0, 1], allreduce=choice)
     assert env["NCCL_P2P_DISABLE"] == "0"
     assert PluginConfig.from_json(env["SM70_PLUGIN_CONFIG"]).allreduce.mode == "int12"
+
+
+@pytest.mark.parametrize(("name", "mode", "disable"), [
+    ("v100_nvlink", "fp16", "0"), ("v100_pcie_no_p2p", "nccl", "1"),
+])
+def test_serve_probes_the_choice_through_the_one_nvml_probe(monkeypatch, name, mode,
+                                                            disable) -> None:
+    """runtime.probes.probe_allreduce (what serve's pre-flight gathers) reads the recorded
+    machine's pairs; without NVML, or with unresolved GPUs, the topology is unknown."""
+    from sm70ctl.runtime import probes as rprobes
+    from sm70ctl.runtime.environment import managed_env
+
+    seen: list[list[str]] = []
+
+    def fake_probe(selected):
+        seen.append(list(selected))
+        return recorded(name)
+
+    monkeypatch.setattr(rprobes, "probe_nvml", fake_probe)
+    choice = rprobes.probe_allreduce(settings(), [0, 1])
+    assert seen == [["0", "1"]]
+    assert (choice.mode, choice.nccl_p2p_disable) == (mode, disable)
+    env = managed_env(settings(), "cuda", Path("/tmp/entry"), [0, 1], allreduce=choice)
+    assert env["NCCL_P2P_DISABLE"] == disable
+    assert PluginConfig.from_json(env["SM70_PLUGIN_CONFIG"]).allreduce.mode == mode
+    assert rprobes.probe_allreduce(settings(), None).mode == "nccl"
+    monkeypatch.setattr(rprobes, "probe_nvml", lambda selected: nvml.NvmlProbe())
+    unknown = rprobes.probe_allreduce(settings(), [0, 1])
+    assert (unknown.mode, unknown.nccl_p2p_disable) == ("nccl", None)

@@ -150,7 +150,10 @@ def _gather(
         busy_bytes=int(settings.gpu_busy_mib),
         plan=_plan_verdict(settings, device),
     )
-    return {"inputs": inputs, "gpu_indices": indices, "fingerprint": verdict.fingerprint}
+    # the all-reduce and NCCL_P2P_DISABLE from the GPUs' links (sm70ctl.devices.topology)
+    allreduce = rprobes.probe_allreduce(settings, indices) if device == "cuda" else None
+    return {"inputs": inputs, "gpu_indices": indices, "fingerprint": verdict.fingerprint,
+            "allreduce": allreduce}
 
 
 def _render_checks(console: Any, checks: list[Any]) -> None:
@@ -219,7 +222,7 @@ def run_serve(
         gathered = _gather(settings, device, allow_cold, lock_ours=False, environ=environ)
         checks = run_checks(gathered["inputs"])
         env = managed_env(settings, device, entry_dir(settings.cache_dir, gathered["fingerprint"]),
-                          gathered["gpu_indices"])
+                          gathered["gpu_indices"], allreduce=gathered["allreduce"])
         data = {
             "dry_run": True,
             "device": device,
@@ -257,7 +260,8 @@ def run_serve(
                 out.warn(f"{c.name}: {c.detail}")
         entry = entry_dir(settings.cache_dir, gathered["fingerprint"])
         lock.update(cache_entry=str(entry))  # so a warmup never rebuilds it under us
-        env = managed_env(settings, device, entry, gathered["gpu_indices"])
+        env = managed_env(settings, device, entry, gathered["gpu_indices"],
+                          allreduce=gathered["allreduce"])
         # From here on a stop signal only sets `stop`: the secrets file is written next and
         # must be removed on every way out, including a closed terminal (SIGHUP), so no
         # signal may end the process between its creation and the supervisor taking over.
