@@ -156,6 +156,7 @@ assert torch.equal(inst.all_reduce(x), x * 2)
 inst.all_reduce(torch.ones(5120, dtype=torch.float32))
 inst.all_reduce(torch.ones(5121, dtype=torch.float16))
 inst.all_reduce(torch.ones(16, 8, dtype=torch.float16).t())
+inst.all_reduce(torch.ones(5128, dtype=torch.float16)[1:5121])  # 2 bytes off alignment
 inst.sm70_mode = "fp16"
 inst.all_reduce(x)
 inst.sm70_buffers = None
@@ -179,6 +180,7 @@ def test_the_communicator_routes_calls_on_the_installed_vllm() -> None:
         ("super", "torch.float32", 5120),
         ("super", "torch.float16", 5121),
         ("super", "torch.float16", 128),
+        ("super", "torch.float16", 5120),
         ("allreduce_fp16", 4096 * 16, 8192 * 16, 16 * MiB),
         ("super", "torch.float16", 5120),
     ]
