@@ -44,3 +44,22 @@ def test_damaged_holder_record_names_nobody(tmp_path: Path) -> None:
     for content in (b"[" * 100_000, b"\xff\xfe", b"", b"[1]", b'{"pid": 5}'):
         lock.write_bytes(content)
         assert _read_holder(lock) == ({"pid": 5} if content == b'{"pid": 5}' else {})
+
+
+@pytest.mark.parametrize("line", [
+    "[1, 2]", "[" * 100_000, '{"python_version": 3}', '{"torch_arch_list": "sm_70"}',
+    '{"torch_installed": "yes"}', "not json",
+])
+def test_odd_python_probe_output_is_ignored(tmp_path: Path, line: str) -> None:
+    import os
+    import stat
+
+    from sm70ctl.doctor.config import DoctorConfig
+    from sm70ctl.doctor.probes import probe_python
+
+    fake = tmp_path / "python"
+    (tmp_path / "line").write_text(line)
+    fake.write_text(f"#!/bin/sh\nprintf 'SM70CTL-PROBE '; cat {tmp_path / 'line'}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    probe = probe_python(DoctorConfig(serve_python=str(fake)), dict(os.environ))
+    assert probe.exists and probe.python_version is None and probe.torch_installed is None

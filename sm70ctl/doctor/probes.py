@@ -8,7 +8,6 @@ an error text where a query failed.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -381,6 +380,10 @@ def _not_runnable(path: str | None) -> str | None:
     return None
 
 
+_PYTHON_FACTS = ("python_version", "torch_installed", "torch_version", "torch_cuda",
+                 "torch_arch_list", "torch_error")
+
+
 def probe_python(config: DoctorConfig, environ: Mapping[str, str]) -> PythonProbe:
     configured = config.serve_python
     probe = PythonProbe(configured=configured)
@@ -399,16 +402,22 @@ def probe_python(config: DoctorConfig, environ: Mapping[str, str]) -> PythonProb
     probe.run.argv[-1] = "<probe script>"  # the record needs what ran, not the script text
     for line in probe.run.stdout.splitlines():
         if line.startswith("SM70CTL-PROBE "):
+            # The serving interpreter's output is input like a file: parsed bounded and
+            # type-checked, an odd line ignored as if the probe had printed nothing.
+            from sm70ctl.doctor.records import RecordError, from_dict
+            from sm70ctl.errors import Sm70Error
+            from sm70ctl.readers import parse_json
+
             try:
-                data = json.loads(line[len("SM70CTL-PROBE ") :])
-            except ValueError:
+                data = parse_json(line[len("SM70CTL-PROBE ") :], what="python probe",
+                                  name=str(path))
+                if not isinstance(data, dict):
+                    break
+                facts = from_dict(PythonProbe, {k: data[k] for k in _PYTHON_FACTS if k in data})
+            except (Sm70Error, RecordError):
                 break
-            probe.python_version = data.get("python_version")
-            probe.torch_installed = data.get("torch_installed")
-            probe.torch_version = data.get("torch_version")
-            probe.torch_cuda = data.get("torch_cuda")
-            probe.torch_arch_list = data.get("torch_arch_list")
-            probe.torch_error = data.get("torch_error")
+            for key in _PYTHON_FACTS:
+                setattr(probe, key, getattr(facts, key))
     return probe
 
 
