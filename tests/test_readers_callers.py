@@ -63,3 +63,17 @@ def test_odd_python_probe_output_is_ignored(tmp_path: Path, line: str) -> None:
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     probe = probe_python(DoctorConfig(serve_python=str(fake)), dict(os.environ))
     assert probe.exists and probe.python_version is None and probe.torch_installed is None
+
+
+@pytest.mark.parametrize("out", ["[" * 100_000, "[1]", '{"torch": [1]}', "garbage"])
+def test_odd_serving_versions_output(tmp_path: Path, out: str) -> None:
+    import stat
+
+    from sm70ctl.runtime.fingerprint import serving_versions
+
+    (tmp_path / "out").write_text(out)
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\ncat {tmp_path / 'out'}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    got = serving_versions(fake)
+    assert list(got) == ["serving_python"] and got["serving_python"].startswith("unusable")

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sm70ctl.errors import Sm70Error
-from sm70ctl.readers import view_json
+from sm70ctl.readers import parse_json, view_json
 from sm70ctl.secrets import fingerprint_env
 from sm70ctl.settings.typed import SettingsView
 
@@ -80,12 +80,13 @@ def serving_versions(python: Path, timeout: float = 20.0) -> dict[str, str]:
             [str(python), "-I", "-c", _VERSIONS_SCRIPT],
             capture_output=True, text=True, timeout=timeout, check=False,
         )
-        data = json.loads(proc.stdout) if proc.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
-        return {"serving_python": f"unusable: {exc}"}
-    if not isinstance(data, dict):
+        data = parse_json(proc.stdout, what="serving interpreter", name=str(python)) \
+            if proc.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, Sm70Error) as exc:
+        return {"serving_python": f"unusable: {getattr(exc, 'message', exc)}"}
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         return {"serving_python": f"unusable: exit {proc.returncode}: {proc.stderr[-200:]}"}
-    return {str(k): str(v) for k, v in data.items()}
+    return {str(k): v for k, v in data.items()}
 
 
 def cuda_compiler(cuda_home: Path | None, nvrtc: str) -> str:
