@@ -147,8 +147,10 @@ def main() -> int:
     res: dict[str, Any] = {"side": a.side, "mode": a.mode, "model": a.model, "phases": {},
                            "phase_seconds": {}, "error": None}
 
-    def flush() -> None:
-        a.out.write_text(json.dumps(res))
+    def flush() -> None:  # atomic: the driver copies it while this process runs
+        tmp = a.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(res))
+        tmp.replace(a.out)
 
     t0 = time.time()
     try:

@@ -90,6 +90,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="tiny")
     ap.add_argument("--out", type=Path, required=True)
+    # Seconds from this driver's start; the device call's limit also covers the bundle
+    # install before it (about 30-45 s on a fresh machine): leave that much.
     ap.add_argument("--budget-s", type=float, default=540)
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--side-args", default="",
@@ -114,6 +116,16 @@ def main() -> int:
     def flush() -> None:
         summary["elapsed_s"] = round(time.time() - t0, 1)
         result_path.write_text(json.dumps(summary, indent=1))
+
+    def snapshot(procs: dict[str, subprocess.Popen]) -> None:
+        sides = {}
+        for n in procs:
+            f = side_dir / f"{n}.json"
+            try:
+                sides[n] = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+        (out / f"sides_{a.shape}.json").write_text(json.dumps(sides))
 
     def write_logs() -> None:
         with open(out / f"logs_{a.shape}.txt", "w") as fh:
@@ -168,10 +180,14 @@ def main() -> int:
                                  "--out", str(side_dir / f"{name}.json"), *extra],
                                 side_env("ours", {"VLLM_CACHE_ROOT": f"/tmp/vc_{name}"}),
                                 logs / f"{name}.log")
+    # Poll rather than wait: every few seconds what the sides wrote so far is copied to $OUT,
+    # so a run stopped from outside (the device call's own limit) still returns it.
+    while any(p.poll() is None for p in procs.values()) and time.time() < deadline:
+        time.sleep(5)
+        snapshot(procs)
+        write_logs()
     for name, p in procs.items():
-        try:
-            p.wait(timeout=max(1, deadline - time.time()))
-        except subprocess.TimeoutExpired:
+        if p.poll() is None:
             p.kill()
             p.wait()
             log(f"{name}: killed at the budget")
