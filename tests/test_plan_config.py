@@ -202,10 +202,10 @@ def test_from_settings_reads_the_schema():
     from sm70ctl.settings import load_settings
 
     s = load_settings(environ={"SM70_MAX_NUM_SEQS": "4", "SM70_GDN_STATE_DTYPE": "float32",
-                               "SM70_CUDAGRAPH_SIZES": "1,2,4", "SM70_KV_CACHE_BYTES": "8GiB"})
+                               "SM70_CUDAGRAPH_SIZES": "4,8,12", "SM70_KV_CACHE_BYTES": "8GiB"})
     inp = PlanInputs.from_settings(s, max_model_len=131072, max_num_seqs=None)
     assert inp.max_num_seqs == 4 and inp.gdn_state_dtype == "float32"
-    assert inp.cudagraph_sizes == (1, 2, 4) and inp.kv_cache_bytes == 8 << 30
+    assert inp.cudagraph_sizes == (4, 8, 12) and inp.kv_cache_bytes == 8 << 30
     assert inp.max_model_len == 131072
     defaults = load_settings(environ={})
     # the dataclass defaults are the reference settings; only the folder is the user's

@@ -102,7 +102,7 @@ def test_p2p_follows_setting_then_topology(mode, available, expected):
 
 @pytest.mark.parametrize("environ", [
     {}, {"SM70_SPEC_METHOD": "ngram"}, {"SM70_SPEC_TOKENS": "1", "SM70_CUDAGRAPH_SIZES": "2,4"},
-    {"SM70_SPEC_TOKENS": "7", "SM70_CUDAGRAPH_SIZES": "8,4,2,1"},
+    {"SM70_SPEC_TOKENS": "7", "SM70_CUDAGRAPH_SIZES": "16,8"},
 ])
 def test_speculative_config_appears_exactly_once(environ):
     argv = vllm_argv(load_settings(environ))
@@ -131,10 +131,10 @@ def test_ngram_method_carries_lookup_bounds():
 
 
 def test_graph_sizes_are_sorted_on_output():
-    s = load_settings({"SM70_CUDAGRAPH_SIZES": "8,1,4,2,16"})
+    s = load_settings({"SM70_CUDAGRAPH_SIZES": "8,4,16,12"})
     argv = vllm_argv(s)
     cfg = json.loads(argv[argv.index("--compilation-config") + 1])
-    assert cfg["cudagraph_capture_sizes"] == [1, 2, 4, 8, 16]
+    assert cfg["cudagraph_capture_sizes"] == [4, 8, 12, 16]
 
 
 def test_api_key_goes_through_a_config_file_never_the_command_line(tmp_path):

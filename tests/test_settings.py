@@ -98,6 +98,7 @@ def test_units_and_lists_are_parsed():
         "SM70_SHUTDOWN_GRACE": "1500ms", "SM70_CUDAGRAPH_SIZES": " 8, 4,2,1 ,16",
         "SM70_GPU_BUSY_MIB": "1.5GiB", "SM70_LOG_MAX_BYTES": "10MB",
         "SM70_ENABLE_PREFIX_CACHING": "no", "SM70_MAMBA_CACHE_MODE": "none",
+        "SM70_SPEC_METHOD": "none",
         "SM70_RESTART": "ON",
     })
     assert s.kv_cache_bytes == 9 * 1024**3
@@ -172,8 +173,18 @@ def test_cross_rules_skip_variables_that_already_failed():
 
 # Each cross-field rule: a combination it refuses, and the nearest one it accepts.
 CROSS = [
-    ("spec-draft-graph-size", {"SM70_CUDAGRAPH_SIZES": "1,2,8"},
-     {"SM70_CUDAGRAPH_SIZES": "1,2,8", "SM70_SPEC_TOKENS": "1"}, "SM70_SPEC_TOKENS"),
+    ("spec-draft-graph-size", {"SM70_CUDAGRAPH_SIZES": "2,8"},
+     {"SM70_CUDAGRAPH_SIZES": "2,8", "SM70_SPEC_TOKENS": "1"}, "SM70_SPEC_TOKENS"),
+    ("spec-draft-graph-size (multiples of k+1)", {"SM70_CUDAGRAPH_SIZES": "4,6,8"},
+     {"SM70_CUDAGRAPH_SIZES": "4,6,8", "SM70_CUDAGRAPH_MODE": "piecewise"},
+     "SM70_CUDAGRAPH_SIZES"),
+    ("spec-draft-graph-size (multiples, k=1)", {"SM70_CUDAGRAPH_SIZES": "1,2,4",
+     "SM70_SPEC_TOKENS": "1"}, {"SM70_CUDAGRAPH_SIZES": "2,4", "SM70_SPEC_TOKENS": "1"},
+     "SM70_CUDAGRAPH_SIZES"),
+    ("graph-sizes-within-batch", {"SM70_CUDAGRAPH_SIZES": "4,8,512",
+     "SM70_MAX_NUM_BATCHED_TOKENS": "256", "SM70_PREFILL_CHUNK": "256"},
+     {"SM70_CUDAGRAPH_SIZES": "4,8,256", "SM70_MAX_NUM_BATCHED_TOKENS": "256",
+      "SM70_PREFILL_CHUNK": "256"}, "SM70_CUDAGRAPH_SIZES"),
     ("spec-draft-graph-size (eager is fine)", {"SM70_CUDAGRAPH_SIZES": "1,2,8"},
      {"SM70_CUDAGRAPH_SIZES": "1,2,8", "SM70_ENFORCE_EAGER": "true"}, "SM70_SPEC_TOKENS"),
     ("spec-draft-graph-size (no spec is fine)", {"SM70_CUDAGRAPH_SIZES": "1,2,8"},

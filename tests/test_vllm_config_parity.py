@@ -61,6 +61,8 @@ CASES: dict[str, dict[str, str]] = {
 # A launch our settings refuse (`all`, see rules.py), run to show why: the defaults' argv
 # with `--mamba-cache-mode all`.
 FORCED_ALL = "defaults-with-mamba-all"
+# Likewise capture sizes the rule spec-draft-graph-size / graph-sizes-within-batch refuse.
+FORCED_SIZES = "defaults-with-sizes-1-2-4-8-3000"
 
 
 def _settings(model_dir: Path, extra: dict[str, str]) -> Any:
@@ -111,6 +113,11 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     forced = list(cases[0]["argv"])
     forced[forced.index("--mamba-cache-mode") + 1] = "all"
     cases.append({"name": FORCED_ALL, "argv": forced, "env": cases[0]["env"]})
+    forced = list(cases[0]["argv"])
+    at = forced.index("--compilation-config") + 1
+    forced[at] = json.dumps(dict(json.loads(forced[at]), cudagraph_capture_sizes=[1, 2, 4, 8,
+                                                                               3000]))
+    cases.append({"name": FORCED_SIZES, "argv": forced, "env": cases[0]["env"]})
     request = tmp / "request.json"
     fields = dict(cp.FIELDS)
     request.write_text(json.dumps({"model_dir": str(model_dir), "fields": fields,
@@ -195,6 +202,15 @@ def test_vllm_silently_turns_mamba_all_into_align(probe: dict[str, Any]) -> None
     mismatches = cp.compare(want, got, cp.cpu_platform_rewrites(want))
     assert [(m.field, m.resulting) for m in mismatches] == [("mamba_cache_mode", "align")]
     assert "falling back to 'align' mode" in probe["log"]
+
+
+def test_vllm_silently_rounds_and_drops_capture_sizes(probe: dict[str, Any]) -> None:
+    """Why the settings refuse sizes that are not multiples of 1 + k under full decode
+    graphs, or above the batched-token budget (2,048): vLLM rounds 1 and 2 up to 4 and
+    drops 3,000, with no error."""
+    got = _resulting(probe, FORCED_SIZES)
+    assert got["cuda_cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    assert got["cuda_cudagraph_capture_sizes"] == [4, 8]
 
 
 # --- the comparison itself (pure) -----------------------------------------------------

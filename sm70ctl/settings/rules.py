@@ -52,13 +52,14 @@ def is_loopback(host: str) -> bool:
 @rule("spec-draft-graph-size")
 def _spec_graph(s: SettingsView) -> Problem | None:
     """Refused: Speculative decoding with CUDA graphs on and `SM70_SPEC_TOKENS` + 1 not in
-    `SM70_CUDAGRAPH_SIZES`.
+    `SM70_CUDAGRAPH_SIZES`, or, with full decode graphs, a size that is not a multiple of
+    `SM70_SPEC_TOKENS` + 1 (vLLM 0.22.1 silently rounds it up: sizes count tokens).
     """
     if s.spec_method == "none" or not _graphs_on(s):
         return None
     need = s.spec_tokens + 1
+    sizes = ",".join(str(x) for x in s.cudagraph_sizes)
     if need not in s.cudagraph_sizes:
-        sizes = ",".join(str(x) for x in s.cudagraph_sizes)
         return _p(
             "SM70_SPEC_TOKENS", s.spec_tokens,
             f"draft length + 1 = {need} must be a captured CUDA-graph size "
@@ -66,7 +67,35 @@ def _spec_graph(s: SettingsView) -> Problem | None:
             f"add {need} to SM70_CUDAGRAPH_SIZES, or pick a draft length whose k+1 is listed",
             "SM70_CUDAGRAPH_SIZES",
         )
+    # piecewise graphs take any token count; full decode graphs hold whole 1+k-token rows
+    odd = [x for x in s.cudagraph_sizes if x % need]
+    if s.cudagraph_mode != "piecewise" and odd:
+        return _p(
+            "SM70_CUDAGRAPH_SIZES", sizes,
+            f"with full decode graphs and draft length {s.spec_tokens}, vLLM 0.22.1 silently "
+            f"rounds capture sizes up to multiples of {need} tokens "
+            f"({', '.join(map(str, odd))} would become "
+            f"{', '.join(str(-(-x // need) * need) for x in odd)})",
+            f"multiples of {need}, e.g. {','.join(str(need * n) for n in (1, 2, 4, 8, 16))}",
+            "SM70_SPEC_TOKENS", "SM70_CUDAGRAPH_MODE",
+        )
     return None
+
+
+@rule("graph-sizes-within-batch")
+def _graph_batch(s: SettingsView) -> Problem | None:
+    """Refused: CUDA graphs on and a capture size above `SM70_MAX_NUM_BATCHED_TOKENS`
+    (vLLM 0.22.1 silently drops it).
+    """
+    over = [x for x in s.cudagraph_sizes if x > s.max_num_batched_tokens]
+    if not _graphs_on(s) or not over:
+        return None
+    return _p(
+        "SM70_CUDAGRAPH_SIZES", ",".join(str(x) for x in s.cudagraph_sizes),
+        f"vLLM 0.22.1 silently drops capture sizes above SM70_MAX_NUM_BATCHED_TOKENS="
+        f"{s.max_num_batched_tokens} ({', '.join(map(str, over))})",
+        f"sizes <= {s.max_num_batched_tokens}", "SM70_MAX_NUM_BATCHED_TOKENS",
+    )
 
 
 @rule("clef-max-model-len")
