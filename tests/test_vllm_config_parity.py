@@ -9,6 +9,14 @@ small tokenizer, no weights. Every requested value must come back unchanged
 (`sm70ctl.runtime.config_parity`), except where vLLM's CPU platform rewrites it for its own
 reasons, which is asserted as such.
 
+What running on vLLM's CPU platform changes: the config's CUDA-graph mode and sizes, async
+scheduling and the custom all-reduce are the CPU's own (`cpu_platform_rewrites`, asserted),
+so capture mode and sizes are checked on a replay of vLLM's CUDA path instead (the probe);
+the block size is compared only when we set one (unset, the CPU picks 128 where CUDA
+aligns the hybrid page, about 1,600 tokens, to TRITON_ATTN's); the attention backend is
+checked as held in the config, though the CPU never builds it; AMX's extra CPU rule is kept
+out by the probe.
+
 Without the serving venv or the 0.22.1 tree the probe tests skip; under CI=true they fail.
 The comparison itself has CPU tests of its own at the bottom.
 """
