@@ -4,8 +4,9 @@
 `ParallelLMHead` (PluggableLayer.register_oot: every `ParallelLMHead(...)` then builds ours).
 It behaves exactly like vLLM's unless the model being built is quantized with sm70_gptq; then
 its `quant_method` becomes `Int8LmHeadMethod`: the checkpoint's fp16 head loads as usual, is
-quantized per row to int8 after loading (`reference.quantize_lm_head_int8`: codes + 128 with
-zero 128, one group per row, so the GEMV serves it unchanged) and the fp16 copy is freed. The
+quantized per row to int8 after loading (`reference.quantize_lm_head_int8` in row slices:
+codes + 128 with zero 128, one group per row, so the GEMV serves it unchanged) and the fp16
+copy is freed. The
 MTP drafter shares the target's lm_head object (vLLM's proposer replaces the draft's head
 with the target's), so the draft's logits use the same int8 head.
 See vllm_patch/runtime_patches/README.md for what this changes in vLLM and why.
@@ -28,9 +29,11 @@ class Int8LmHeadMethod(UnquantizedEmbeddingMethod):
     """Creates the fp16 weight like vLLM's method; after loading, runs on int8 codes."""
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        from vllm_patch.ops.reference import quantize_lm_head_int8
+        from vllm_patch.quantization.repack import quantize_lm_head_sliced
 
-        qw, sz, group = quantize_lm_head_int8(layer.weight.data)
+        # Row slices: reference.quantize_lm_head_int8's bytes without its fp32 copies of
+        # the whole head at once.
+        qw, sz, group = quantize_lm_head_sliced(layer.weight.data)
         layer.register_parameter("sm70_qw", torch.nn.Parameter(qw, requires_grad=False))
         layer.register_parameter("sm70_sz", torch.nn.Parameter(sz, requires_grad=False))
         layer.sm70_group_size = group

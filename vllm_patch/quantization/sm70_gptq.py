@@ -216,10 +216,12 @@ class Sm70GptqLinearMethod(LinearMethodBase):
         layer.sm70_group_size = g
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        from vllm_patch.ops.reference import repack_gptq_int8
+        from vllm_patch.quantization.repack import repack_gptq_sliced
 
         g = layer.sm70_group_size
-        qw, sz = repack_gptq_int8(
+        # In slices of output columns: the same bytes as reference.repack_gptq_int8 with a
+        # bounded transient (the whole-layer version widens every code to int64 at once).
+        qw, sz = repack_gptq_sliced(
             layer.qweight.data, layer.qzeros.data, layer.scales.data, g,
             self.config.rules.zero_offset,
         )
