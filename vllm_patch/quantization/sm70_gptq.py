@@ -44,8 +44,9 @@ NAME = "sm70_gptq"
 PACK = 4  # int8 codes per int32 word
 OP = "sm70_int8_linear"
 OP_BIAS = "sm70_int8_linear_bias"
-# `--quantization` values (besides ours) under which a gptq checkpoint comes to us.
-CLAIMED_USER_VALUES = (None, "gptq", NAME, "auto_gptq", "gptq_marlin", "marlin")
+# `--quantization` values under which a gptq checkpoint comes to us: none given, the generic
+# "gptq" (what sm70ctl passes) or ours. An explicit auto_gptq / marlin choice stays vLLM's.
+CLAIMED_USER_VALUES = (None, "gptq", NAME)
 
 # Rows up to which the GEMV serves a call (the plugin config's gemm.gemv_max_rows, <= 8).
 _settings: dict[str, Any] = {"gemv_max_rows": 8, "int8_lm_head": True}
@@ -269,7 +270,9 @@ class Sm70GptqConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Sm70GptqConfig:
-        return cls(GptqRules.from_config(config))
+        rules = GptqRules.from_config(config)
+        rules.lm_head_scheme()  # refuses a GPTQ-quantized lm_head before any weight loads
+        return cls(rules)
 
     @classmethod
     def override_quantization_method(
