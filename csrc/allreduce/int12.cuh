@@ -8,7 +8,9 @@
 // occupies bits 12i .. 12i+11 of the 96-bit little-endian group, which is the same byte
 // stream as "value 2j in the low 12 bits of three bytes, value 2j+1 in the high 12".
 //
-// Pure CUDA (NVRTC compiles it for sm_70): integer ops and fp16 conversions only.
+// Pure CUDA (NVRTC compiles it for sm_70): integer ops and fp16 conversions only. The value
+// functions are __host__ __device__ so a CPU test (tests/test_allreduce_int12_host.py) can
+// run exactly this code on every fp16 pattern.
 #pragma once
 
 #include "common/sm70.cuh"
@@ -22,13 +24,13 @@ constexpr uint32_t kInt12Nan = 0x7e0u;  // the quiet NaN; every NaN becomes it (
 // The 12-bit code of one fp16 bit pattern `h` (low 16 bits): round to nearest, ties to even,
 // at bit 4. Rounding the pattern as an integer is exact across binades and into the
 // subnormals, because fp16's encoding is monotone in the magnitude.
-__device__ __forceinline__ uint32_t int12_encode(uint32_t h) {
+__host__ __device__ __forceinline__ uint32_t int12_encode(uint32_t h) {
   const uint32_t sign = (h >> 4) & 0x800u;
   const uint32_t mag = h & 0x7fffu;
   uint32_t r = (mag + 7u + ((mag >> 4) & 1u)) >> 4;
   // 65504 would round to 65536, which is not finite: a finite partial sum must not become
   // inf in transit (the peer could not tell it from a real overflow)
-  r = min(r, kInt12MaxFinite);
+  r = r < kInt12MaxFinite ? r : kInt12MaxFinite;
   r = mag == 0x7c00u ? kInt12Inf : r;
   // a NaN with payload only in the four dropped bits would otherwise round to inf
   r = mag > 0x7c00u ? kInt12Nan : r;
@@ -36,15 +38,36 @@ __device__ __forceinline__ uint32_t int12_encode(uint32_t h) {
 }
 
 // The fp16 value of a code, as a float (exact: the code is the top 12 bits of the pattern).
-__device__ __forceinline__ float int12_decode(uint32_t c) {
+__host__ __device__ __forceinline__ float int12_decode(uint32_t c) {
   return __half2float(__ushort_as_half((unsigned short)((c & 0xfffu) << 4)));
 }
 
 // Q(x) of one fp16 value, as a float: what the peer reads back.
-__device__ __forceinline__ float int12_round(uint32_t h) { return int12_decode(int12_encode(h)); }
+__host__ __device__ __forceinline__ float int12_round(uint32_t h) {
+  return int12_decode(int12_encode(h));
+}
+
+// One word of the 12-bit all-reduce's output: the two own halves of `own` (quantised, so
+// both ranks compute the same) plus the peer's codes lo and hi, summed in float and rounded
+// once to fp16.
+__host__ __device__ __forceinline__ uint32_t int12_add_word(uint32_t own, uint32_t lo,
+                                                            uint32_t hi) {
+  const __half2 s = __floats2half2_rn(int12_round(own & 0xffffu) + int12_decode(lo),
+                                      int12_round(own >> 16) + int12_decode(hi));
+  return *reinterpret_cast<const uint32_t*>(&s);
+}
+
+// One word of the fp16 all-reduce's output: two halves each side, summed in float, rounded
+// once (the correctly rounded sum: float carries 2 x 11 + 2 bits).
+__host__ __device__ __forceinline__ uint32_t fp16_add_word(uint32_t a, uint32_t b) {
+  const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&a));
+  const float2 fb = __half22float2(*reinterpret_cast<const __half2*>(&b));
+  const __half2 s = __floats2half2_rn(fa.x + fb.x, fa.y + fb.y);
+  return *reinterpret_cast<const uint32_t*>(&s);
+}
 
 // 8 halves (a 16-byte group, half 2w in the low 16 bits of word w) -> three packed words.
-__device__ __forceinline__ void int12_pack8(const uint4& v, uint32_t out[3]) {
+__host__ __device__ __forceinline__ void int12_pack8(const uint4& v, uint32_t out[3]) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
   uint32_t c[8];
 #pragma unroll
@@ -58,7 +81,7 @@ __device__ __forceinline__ void int12_pack8(const uint4& v, uint32_t out[3]) {
 }
 
 // Three packed words -> the 8 codes they hold, in order.
-__device__ __forceinline__ void int12_unpack8(const uint32_t p[3], uint32_t c[8]) {
+__host__ __device__ __forceinline__ void int12_unpack8(const uint32_t p[3], uint32_t c[8]) {
   c[0] = p[0] & 0xfffu;
   c[1] = (p[0] >> 12) & 0xfffu;
   c[2] = (p[0] >> 24) | ((p[1] & 0xfu) << 8);

@@ -101,13 +101,6 @@ __device__ __forceinline__ void ar_exchange(char* mine, char* peer, unsigned epo
   __syncthreads();
 }
 
-__device__ __forceinline__ uint32_t ar_add_pair(uint32_t a, uint32_t b) {
-  const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&a));
-  const float2 fb = __half22float2(*reinterpret_cast<const __half2*>(&b));
-  const __half2 s = __floats2half2_rn(fa.x + fb.x, fa.y + fb.y);
-  return *reinterpret_cast<const uint32_t*>(&s);
-}
-
 // fp16: out = fp16(float(own) + float(peer)), the correctly rounded sum (float holds twice
 // fp16's precision plus two bits, so rounding twice equals rounding once). Addition
 // commutes, so both ranks write the same bits.
@@ -124,8 +117,8 @@ __global__ void __launch_bounds__(kArThreads)
   for (int i = blockIdx.x * kArThreads + threadIdx.x; i < n8; i += step) {
     const uint4 a = in[i];
     const uint4 b = ar_load_peer16(theirs + i);
-    out[i] = make_uint4(ar_add_pair(a.x, b.x), ar_add_pair(a.y, b.y), ar_add_pair(a.z, b.z),
-                        ar_add_pair(a.w, b.w));
+    out[i] = make_uint4(fp16_add_word(a.x, b.x), fp16_add_word(a.y, b.y),
+                        fp16_add_word(a.z, b.z), fp16_add_word(a.w, b.w));
   }
 }
 
@@ -154,16 +147,8 @@ __global__ void __launch_bounds__(kArThreads)
                            ar_load_peer4(theirs + 3 * i + 2)};
     uint32_t c[8];
     int12_unpack8(p, c);
-    const uint32_t w[4] = {a.x, a.y, a.z, a.w};
-    uint32_t o[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float lo = int12_round(w[j] & 0xffffu) + int12_decode(c[2 * j]);
-      const float hi = int12_round(w[j] >> 16) + int12_decode(c[2 * j + 1]);
-      const __half2 s = __floats2half2_rn(lo, hi);
-      o[j] = *reinterpret_cast<const uint32_t*>(&s);
-    }
-    out[i] = make_uint4(o[0], o[1], o[2], o[3]);
+    out[i] = make_uint4(int12_add_word(a.x, c[0], c[1]), int12_add_word(a.y, c[2], c[3]),
+                        int12_add_word(a.z, c[4], c[5]), int12_add_word(a.w, c[6], c[7]));
   }
 }
 
