@@ -142,6 +142,9 @@ def main() -> int:
     ap.add_argument("--util", type=float, default=0.18)
     ap.add_argument("--bench", action="store_true", help="also bench/bench_vllm_decode.py")
     ap.add_argument("--quick-bench", action="store_true", help="the bench without b16 at 32K")
+    ap.add_argument("--arch-path", choices=["native", "sm70"], default="native",
+                    help="ours only: 'sm70' runs the Volta m8n8k4 instantiations (on the H200 "
+                    "'native' is the sm_80+ timing code); correctness runs want sm70")
     a = ap.parse_args()
 
     res: dict[str, Any] = {"side": a.side, "mode": a.mode, "model": a.model, "phases": {},
@@ -158,6 +161,11 @@ def main() -> int:
         from vllm import LLM, SamplingParams
 
         kw = engine_kwargs(a.model, a.mode, a.max_batched, a.max_len, a.kv_gib, a.util)
+        if a.side == "ours" and a.arch_path != "native":  # process-wide; the engine is here
+            from vllm_patch.ops import kernels
+
+            kernels.set_arch_path(a.arch_path)
+            res["arch_path"] = kernels.arch_path()
         res["engine_kwargs"] = kw
         llm = LLM(**kw)
         res["startup_s"] = round(time.time() - t0, 1)

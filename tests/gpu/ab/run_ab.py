@@ -202,7 +202,7 @@ def main() -> int:
     summary["sides"] = {
         n: {k: s.get(k) for k in ("error", "startup_s", "total_s", "quantization",
                                   "cudagraph_mode", "capture_sizes", "model_summary",
-                                  "plugin_imported", "plugin", "sm70_op_calls",
+                                  "plugin_imported", "plugin", "sm70_op_calls", "arch_path",
                                   "phase_seconds", "max_memory_allocated", "bench")}
         for n, s in sides.items()
     }
