@@ -16,11 +16,15 @@
 // elements (same fixed grid, same grid-stride loop). After writing its staging slice,
 // block b raises the peer's flag b to its call count e and waits until its own flag b,
 // raised by the peer, reaches e; then it reads the peer's slice. There is one exchange per
-// call and no closing barrier: call e writes staging half (e & 1), and before any block
-// starts call e + 2 it has seen the peer's flag of call e + 1, which the peer raises only
-// after its kernel of call e (all blocks, all reads of our half e & 1) has finished, since
-// one stream runs the kernels in order. That argument needs every block in every call, so
-// the grid is always kArBlocks, whatever the size.
+// call and no closing barrier: an element always travels between the same pair of blocks
+// (the grid-stride mapping does not depend on the size), so each block pair is a channel
+// of its own. Its call e writes staging half (e & 1); its call e + 2 starts only after it
+// saw the peer block's flag of call e + 1, which the peer block raises after it finished
+// reading our half (e & 1) in call e. The fixed grid together with the stream order of a
+// rank's kernels would carry the same argument on its own; the kernel has both.
+// tests/test_allreduce_handshake_model.py checks the design on every interleaving of a
+// small model, and that each shortcut (one half, an equality wait, the flag before the
+// data, size-dependent chunks without the fixed grid or the stream order) breaks it.
 //
 // Why this survives CUDA-graph capture and replay: nothing in it changes per call on the
 // host. The buffer addresses are fixed for the process, the caller's tensors are fixed by
@@ -153,7 +157,7 @@ __global__ void __launch_bounds__(kArThreads)
 }
 
 #ifndef __CUDACC_RTC__
-// The launches: always kArBlocks blocks (the handshake's argument above needs it). `mine`
+// The launches: always kArBlocks blocks (one of the two arguments above). `mine`
 // and `peer` are the two ranks' buffers of `total` bytes each; n8 = elements / 8, and the
 // caller has checked that the call's staging fits one half (ar_capacity below).
 inline void launch_allreduce_fp16(const void* in, void* out, void* mine, void* peer, int n8,
