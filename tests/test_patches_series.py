@@ -3,8 +3,10 @@ vLLM release's real sources (downloaded by .ci/setup.d/30-vllm-sources.sh)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -60,20 +62,33 @@ def _sdist() -> Path | None:
     return p if p.is_file() else None
 
 
-def test_series_applies_to_the_pinned_vllm_release(tmp_path: Path) -> None:
-    sdist = _sdist()
-    if sdist is None:
-        msg = "pinned vLLM sdist absent: run .ci/setup.d/30-vllm-sources.sh"
+def _require(problem: str | None) -> None:
+    if problem is not None:
         if os.environ.get("CI") == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
+            pytest.fail(problem)
+        pytest.skip(problem)
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The pinned sdist unpacked twice: as released, and with the whole series applied."""
+    sdist = _sdist()
+    _require(None if sdist else "pinned vLLM sdist absent: run .ci/setup.d/30-vllm-sources.sh")
+    assert sdist is not None
     a = load_lock().archive("vllm")
     assert sha256_file(sdist) == a.sha256
-    src = tmp_path / "src"
-    src.mkdir()
-    unpack_archive(sdist, src, a.strip)
+    top = tmp_path_factory.mktemp("vllm")
+    pristine, src = top / "pristine", top / "src"
+    for d in (pristine, src):
+        d.mkdir()
+        unpack_archive(sdist, d, a.strip)
     applied = apply_series(src, list_series(series_dir()))
     assert applied == [p.name for p in list_series(series_dir())]
+    return pristine, src
+
+
+def test_series_applies_to_the_pinned_vllm_release(trees: tuple[Path, Path]) -> None:
+    src = trees[1]
     cmake = (src / "CMakeLists.txt").read_text()
     # The CUDA >= 12.8 branch now keeps 7.0; the CUDA 13 branch (which cannot) does not.
     branch = cmake.split("VERSION_GREATER_EQUAL 12.8)", 1)[1].split("else()", 1)[0]
@@ -91,3 +106,42 @@ def test_series_applies_to_the_pinned_vllm_release(tmp_path: Path) -> None:
     # Applying twice must fail loudly (the series is not silently re-applied).
     with pytest.raises(PatchError, match="does not apply"):
         apply_series(src, list_series(series_dir()))
+
+
+HUMMING = Path("vllm/model_executor/layers/quantization/humming.py")
+SERVE_PYTHON = ROOT / ".serve-venv" / "bin" / "python"
+VLLM_TREE = ROOT / "build" / "ci" / "vllm-0.22.1-py"
+VLLM_DEPS = ROOT / "build" / "ci" / "vllm-0.22.1-deps"
+
+
+def _humming_probe(path: Path) -> dict[str, object]:
+    """tests/vllm_humming_probe.py on one humming.py, in the serving venv with vLLM 0.22.1."""
+    if not SERVE_PYTHON.is_file():
+        _require(f"{SERVE_PYTHON} is missing (run .ci/setup.d/20-serve-env.sh)")
+    if not (VLLM_TREE / "vllm" / "__init__.py").is_file() or not VLLM_DEPS.is_dir():
+        _require(f"{VLLM_TREE} is missing (run .ci/setup.d/35-vllm-0.22.1-py.sh)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON"))}
+    env["PYTHONPATH"] = os.pathsep.join(
+        str(p) for p in (VLLM_TREE, VLLM_DEPS, ROOT / "tests" / "vllm_probe_site")
+    )
+    res = subprocess.run(
+        [str(SERVE_PYTHON), str(ROOT / "tests" / "vllm_humming_probe.py"), str(path)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=path.parent,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_patched_humming_module_imports_without_humming(trees: tuple[Path, Path]) -> None:
+    """Patch 0003: on CUDA without humming-kernels, the released module fails to import
+    (the V100 blocker: every quantized checkpoint imports it), the patched one imports, its
+    probe leaves a GPTQ checkpoint to the next method, and only building it is refused."""
+    pristine, src = trees
+    patched = _humming_probe(src / HUMMING)
+    assert patched["humming_found"] is False, "the serving venv must not have humming"
+    assert "import_error" not in patched, patched
+    assert patched["probe_gptq"] is None
+    assert str(patched["build_error"]).startswith("ImportError: quantization 'humming' needs "
+                                                  "the humming-kernels package")
+    released = _humming_probe(pristine / HUMMING)
+    assert released.get("import_error") == "ModuleNotFoundError: No module named 'humming'"
