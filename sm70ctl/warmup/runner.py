@@ -44,7 +44,13 @@ from sm70ctl.runtime.manifest import (
     write_manifest,
 )
 from sm70ctl.runtime.port_lock import servers_using
-from sm70ctl.runtime.probes import gpu_indices, probe_executable, probe_gpus, probe_model_dir
+from sm70ctl.runtime.probes import (
+    gpu_indices,
+    probe_allreduce,
+    probe_executable,
+    probe_gpus,
+    probe_model_dir,
+)
 from sm70ctl.runtime.server import ServerFailed, ServerLog, ServerProcess, ServerSpec, wait_ready
 from sm70ctl.secrets import secret_values
 from sm70ctl.settings.typed import SettingsView
@@ -182,7 +188,11 @@ def _run_vllm(ctx: RunContext, folder: Path, name: str) -> Step:
     # A private loopback server on a free port: no API key needed, none written anywhere.
     local = _with(s, host="127.0.0.1", port=port, api_key=None)
     indices = gpu_indices(local) if ctx.device == "cuda" else None
-    managed = managed_env(local, ctx.device, folder, indices)
+    try:  # NCCL_P2P_DISABLE and the all-reduce from the links, as serve passes them
+        allreduce = probe_allreduce(local, indices) if ctx.device == "cuda" else None
+    except Sm70Error as exc:
+        return Step(name, FAILED, exc.message, 0.0)
+    managed = managed_env(local, ctx.device, folder, indices, allreduce=allreduce)
     spec = ServerSpec(
         argv=vllm_argv(local),
         env=child_env(ctx.environ, managed),
