@@ -1,0 +1,14 @@
+"""Clef beside chat: the CPU-side pieces (issue 25), pure Python, no torch or vLLM import.
+
+- `model_dims`: the base model's shapes, read from its `config.json` dict;
+- `layout`: which linears of decoder layers 40-63 carry a correction, with their A/B shapes;
+- `sharding`: what one tensor-parallel rank keeps of each A and B;
+- `safetensors_header`: a bounded reader of a `.safetensors` header (no torch);
+- `head`: the scoring head's config and tensors;
+- `manifest`, `validate`: `clef.json` and the whole `SM70_CLEF_DIR` check;
+- `routing`: which requests are Clef, its context limit, no speculative decoding;
+- `scoring`: the scoring endpoint's request validation and response shape.
+
+The correction inside the int8 GEMM and the head's forward pass run on the GPU and are not
+here (docs/clef.md says what is done and what is not).
+"""
