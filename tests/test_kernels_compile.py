@@ -158,7 +158,7 @@ def test_op_schemas_carry_no_variant_numbers():
     """What a V100 runs is the launcher's choice: no kernel / ksplit / mma arguments."""
     text = SCHEMA.read_text()
     schemas = re.findall(r'm\.def\(\s*((?:"[^"]*"\s*)+)', text)
-    assert len(schemas) == 14, schemas
+    assert len(schemas) == text.count("m.def(") >= 14, schemas  # every def parsed
     joined = " ".join(schemas)
     for word in ("kernel", "ksplit", "mma", "variant"):
         assert not re.search(rf"\b{word}\b", joined), word

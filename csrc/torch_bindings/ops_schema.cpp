@@ -61,4 +61,9 @@ TORCH_LIBRARY(sm70, m) {
   m.def("allreduce_int12(Tensor x, int mine, int peer, int buffer_bytes) -> Tensor");
   m.def("int12_pack(Tensor x) -> Tensor");
   m.def("int12_unpack(Tensor packed) -> Tensor");
+  // Gated DeltaNet (torch_bindings/gdn.cu, docs/kernels.md#gated-deltanet)
+  m.def(
+      "gdn_recurrent_decode(Tensor qkv, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias, "
+      "Tensor(a!) state, Tensor(b!)? state_scale, Tensor query_start_loc, "
+      "Tensor state_indices, Tensor? num_accepted, int num_k_heads, float scale) -> Tensor");
 }

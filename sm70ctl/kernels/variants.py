@@ -32,6 +32,7 @@ def gemv_rows(m: int) -> int:
 GEMV = "gemv/gptq_gemv.cuh"
 DECODE = "attention/paged_decode.cuh"
 ALLREDUCE = "allreduce/two_gpu.cuh"
+GDN_DECODE = "gdn/recurrent_decode.cuh"
 GQA_GROUP = 6  # Qwen3.8-27B: 24 query heads over 4 KV heads
 MAX_QUERY_ROWS = 4  # 1 + MTP k=3
 VOLTA = "sm70::arch::Sm70"  # the architecture tag a V100 runs (csrc/common/arch.cuh)
@@ -64,6 +65,9 @@ VARIANTS: tuple[KernelVariant, ...] = (
     *(KernelVariant(ALLREDUCE, f"sm70::allreduce_{m}_kernel", 512) for m in ("fp16", "int12")),
     *(KernelVariant("allreduce/int12.cuh", f"sm70::int12_{op}_kernel", 256)
       for op in ("pack", "unpack")),
+    # Gated DeltaNet recurrent decode (1 + k tokens per sequence), float32 or int16 state
+    *(KernelVariant(GDN_DECODE, f"sm70::gdn_recurrent_kernel<{s}>", 128)
+      for s in ("float", "short")),
 )
 
 # The H200 timing instantiations (m16n8k16), compiled for sm_90 by the resource report: the

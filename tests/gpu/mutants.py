@@ -30,6 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 GEMV = "tests/gpu/test_gemv_gpu.py"
 ATTN = "tests/gpu/test_attention_gpu.py"
+GDN = "tests/gpu/test_gdn_gpu.py"
+GDN_DECODE = "gdn/recurrent_decode.cuh"
 KV_CONTROL = (ATTN, "test_kv_int8_write", {"block_size": 16})
 
 
@@ -181,6 +183,33 @@ MUTANTS: tuple[Mutant, ...] = (
             (ATTN, "test_paged_decode_tail_dominated",
              {"ctxs": [262144], "qn": 4, "arch": "sm70"}),
         ),
+    ),
+    Mutant(
+        "gdn-gqa-interleaved",
+        "the recurrent decode maps value head hv to key head hv % H (an interleaved GQA "
+        "layout) instead of hv / (HV / H)",
+        (Edit(GDN_DECODE, r"const int h = hv / \(p\.num_v_heads / p\.num_k_heads\);",
+              "const int h = hv % p.num_k_heads;", 1),),
+        (
+            (GDN, "test_gdn_recurrent_model_shapes",
+             {"heads": "tp2", "mode": "decode", "state_dtype": "float32"}),
+            (GDN, "test_gdn_recurrent_model_shapes",
+             {"heads": "tp1", "mode": "mtp", "state_dtype": "int16"}),
+        ),
+    ),
+    Mutant(
+        "gdn-int16-scale-per-lane",
+        "the int16 state store takes each lane's own max as the row's (no max over the "
+        "row's 8 lanes), so the stored scale fits only lane 0's values",
+        (Edit(GDN_DECODE, r"    amax = gdn_row_max\(amax\);\n", "", 1),),
+        (
+            (GDN, "test_gdn_recurrent_model_shapes",
+             {"heads": "tp2", "mode": "mtp", "state_dtype": "int16"}),
+            (GDN, "test_gdn_recurrent_model_shapes",
+             {"heads": "tp1", "mode": "decode", "state_dtype": "int16"}),
+        ),
+        (KV_CONTROL, (GDN, "test_gdn_recurrent_model_shapes",
+                      {"heads": "tp2", "mode": "mtp", "state_dtype": "float32"})),
     ),
 )
 

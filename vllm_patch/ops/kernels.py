@@ -97,3 +97,28 @@ def set_arch_path(path: str) -> None:
 def arch_path() -> str:
     """The process-wide architecture path set_arch_path chose."""
     return str(_ops().arch_path())
+
+
+def gdn_recurrent_decode(
+    qkv: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    state: Tensor,
+    query_start_loc: Tensor,
+    state_indices: Tensor,
+    num_accepted: Tensor | None,
+    num_k_heads: int,
+    scale: float,
+    state_scale: Tensor | None = None,
+) -> Tensor:
+    """Gated DeltaNet decode of 1 + k tokens per sequence: out [T, HV, 128] fp16 from the
+    conv output qkv [T, 2 H 128 + HV 128], gates a, b [T, HV], the states of `state`
+    [slots, HV, 128, 128] (float32, or int16 with state_scale [slots, HV, 128]) at the
+    slots state_indices [N] or [N, 1 + k] names, updated in place per token position
+    (reference_gdn.gdn_recurrent_reference defines it)."""
+    return _ops().gdn_recurrent_decode(
+        qkv, a, b, A_log, dt_bias, state, state_scale, query_start_loc, state_indices,
+        num_accepted, num_k_heads, scale,
+    )

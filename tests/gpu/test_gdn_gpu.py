@@ -1,0 +1,200 @@
+"""sm70 Gated DeltaNet decode-side kernels against their references, on a CUDA GPU.
+
+    python -m pytest -q -m gpu tests/gpu/test_gdn_gpu.py
+
+The recurrent decode (torch.ops.sm70.gdn_recurrent_decode) is checked against
+reference_gdn.gdn_recurrent_reference in float64 on the model's per-GPU shapes (TP=2: 8 key
+and 24 value heads; TP=1: 16 / 48), plain decode ([N] slots, 1 token) and MTP verification
+([N, 4] slots, 1..4 tokens, num_accepted 1..4), float32 and int16 state, with padding
+sequences (slot 0) and a page stride wider than one state, as vLLM's hybrid pages have.
+
+Error model (float32 arithmetic, M = the largest L2 norm of a state row of that sequence
+and head over its initial and stored states, plus max |v|; scale = 128^-0.5 = |qn|): per
+token the row update errs by its fp32 roundings: the 19-deep sums h.k (16 serial FMAs and 3
+shuffle adds, 2^-24 each relative to sum |h k| <= M since |kn| = 1), rsqrt and exp (a few
+2^-24), so |delta h| <= 2^-19 M per token and row; the bound takes 4x that,
+T 2^-17 M per element after T tokens. The output o = h qn adds its own 19-deep sum and the
+fp16 rounding: |o - want| <= u |want| + (T 2^-17 + 2^-18) scale M. int16 rows add the code
+rounding of both sides (each within half a step s = max |row| / 32767, their scales a
+state error apart): |stored - want| <= 1.01 s + 2 T 2^-17 M. A bug in the recurrence (a
+wrong head, a missing norm or gate, the wrong slot) moves values by O(M), 2^15 x these.
+Not yet run on a GPU (written in a session with no device time).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+from gpu_common import FP16_U, poison, record  # noqa: E402
+
+from vllm_patch.ops import kernels  # noqa: E402
+from vllm_patch.ops import reference_gdn as ref  # noqa: E402
+
+D = 128
+PAGE_PAD = 96  # extra elements per slot: the slot stride is wider than one state
+HEADS = {"tp2": (8, 24), "tp1": (16, 48)}
+SCALE = D**-0.5
+
+
+def make_state(slots: int, hv: int, state_dtype: str, gen: torch.Generator):
+    """A strided [slots, HV, 128, 128] state (and its row scales for int16)."""
+    inner = hv * D * D
+    vals = torch.randn(slots, inner, generator=gen, device="cuda") * 0.3
+    raw = torch.empty(slots, inner + PAGE_PAD, device="cuda",
+                      dtype=torch.float32 if state_dtype == "float32" else torch.int16)
+    state = raw[:, :inner].view(slots, hv, D, D)
+    if state_dtype == "float32":
+        state.copy_(vals.view(slots, hv, D, D))
+        return state, None
+    codes, scale = ref.state_int16_quantize(vals.view(slots, hv, D, D))
+    state.copy_(codes)
+    return state, scale.contiguous()
+
+
+def make_inputs(h: int, hv: int, tokens: int, gen: torch.Generator, dt_dtype=torch.float16):
+    qkv = torch.randn(tokens, 2 * h * D + hv * D, generator=gen, device="cuda").half()
+    ab = torch.randn(tokens, 2 * hv, generator=gen, device="cuda") * 2.0
+    a = ab[:, :hv].half()  # strided views, as vLLM's split of in_proj_ba gives
+    b = ab[:, hv:].half()
+    a_log = (torch.rand(hv, generator=gen, device="cuda") * 4.5 - 3.0).float()
+    dt_bias = (torch.randn(hv, generator=gen, device="cuda") * 0.5).to(dt_dtype)
+    return qkv, a, b, a_log, dt_bias
+
+
+def layout(mode: str, batch: int, gen: torch.Generator):
+    """(lens, indices, num_accepted) for `mode`; sequence 2 is padding (slot 0), the
+    last is empty. Slots are distinct and >= 1; slot 0 is vLLM's null block."""
+    if mode == "decode":
+        lens = [1] * batch
+        lens[-1] = 0
+        idx = torch.arange(1, batch + 1, dtype=torch.int32)
+        idx[2] = 0
+        return lens, idx, None
+    lens = torch.randint(1, 5, (batch,), generator=gen, device="cuda").tolist()
+    lens[0], lens[1], lens[-1] = 4, 1, 0
+    idx = torch.arange(1, 4 * batch + 1, dtype=torch.int32).view(batch, 4)
+    idx[2] = 0
+    acc = torch.randint(1, 5, (batch,), generator=gen, device="cuda").to(torch.int32)
+    acc[0], acc[1] = 4, 1
+    return lens, idx, acc
+
+
+def row_magnitude(state64: torch.Tensor, slots: list[int]) -> torch.Tensor:
+    """max over the given slots and rows of the rows' L2 norm, per head [HV]."""
+    return state64[slots].norm(dim=-1).amax(dim=(0, 2))
+
+
+def run_case(heads: str, mode: str, state_dtype: str, batch: int, seed: int,
+             dt_dtype=torch.float16, a_shift: float = 0.0, b_shift: float = 0.0) -> None:
+    h, hv = HEADS[heads]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    lens, idx, acc = layout(mode, batch, gen)
+    qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    tokens = int(qsl[-1])
+    slots = int(idx.max()) + 3  # two slots no sequence names: they must stay as they are
+    state, scale = make_state(slots, hv, state_dtype, gen)
+    qkv, a, b, a_log, dt_bias = make_inputs(h, hv, tokens, gen, dt_dtype)
+    a += a_shift
+    b += b_shift
+    before = state.clone()
+    scale_before = None if scale is None else scale.clone()
+    ref_state = state.cpu().double() if scale is None else state.cpu()
+    ref_scale = None if scale is None else scale.cpu()
+    want = ref.gdn_recurrent_reference(
+        qkv.cpu(), a.cpu(), b.cpu(), a_log.cpu(), dt_bias.cpu(), ref_state, qsl, idx,
+        None if acc is None else acc.cpu(), h, SCALE, ref_scale)
+    poison(tokens * hv * D * 2)
+    out = kernels.gdn_recurrent_decode(
+        qkv, a, b, a_log, dt_bias, state, qsl.cuda(), idx.cuda(),
+        None if acc is None else acc, h, SCALE, state_scale=scale)
+    torch.cuda.synchronize()
+    assert out.shape == (tokens, hv, D) and out.dtype == torch.float16
+
+    init64 = (before.cpu().double() if scale is None
+              else ref.state_int16_dequantize(before.cpu(), scale_before.cpu()))
+    got64 = (state.cpu().double() if scale is None
+             else ref.state_int16_dequantize(state.cpu(), scale.cpu()))
+    want64 = (ref_state if scale is None
+              else ref.state_int16_dequantize(ref_state, ref_scale))
+    cols = idx.view(batch, -1)
+    touched: set[int] = set()
+    starts = qsl.tolist()
+    for n in range(batch):
+        bos, eos = starts[n], starts[n + 1]
+        if eos == bos:
+            continue
+        row = cols[n].tolist()
+        col0 = 0 if acc is None else min(max(int(acc[n]) - 1, 0), len(row) - 1)
+        if row[col0] <= 0:
+            assert (out[bos:eos] == 0).all(), f"padding sequence {n} not zero"
+            continue
+        stored = [s for s in row[: eos - bos] if s > 0]
+        touched |= set(stored)
+        t_n = eos - bos
+        vmax = qkv[bos:eos, 2 * h * D:].float().abs().view(t_n, hv, D).amax(dim=(0, 2)).cpu()
+        m = torch.maximum(row_magnitude(init64, [row[col0]]),
+                          row_magnitude(want64, stored)) + vmax.double()  # [HV]
+        w = want[bos:eos]
+        bound = FP16_U * w.abs() + ((t_n * 2.0**-17 + 2.0**-18) * SCALE * m).view(1, hv, 1)
+        ratio = float(((out[bos:eos].cpu().double() - w).abs() / bound).max())
+        record("gdn_out_error_over_bound", ratio)
+        assert ratio <= 1.0, (f"sequence {n} output error {ratio:.3g}x its bound", heads, mode)
+        for s in stored:
+            sb = (t_n * 2.0**-17 * m).view(hv, 1, 1)
+            if scale is not None:
+                sb = 1.01 * ref_scale[s].double().unsqueeze(-1) + 2 * sb
+            sr = float(((got64[s] - want64[s]).abs() / sb).max())
+            record("gdn_state_error_over_bound", sr)
+            assert sr <= 1.0, (f"slot {s} state error {sr:.3g}x its bound", heads, mode)
+    untouched = [s for s in range(slots) if s not in touched]
+    assert torch.equal(state[untouched], before[untouched]), "a slot no token names changed"
+    if scale is not None:
+        assert torch.equal(scale[untouched], scale_before[untouched])
+
+
+@pytest.mark.parametrize("state_dtype", ["float32", "int16"])
+@pytest.mark.parametrize("mode", ["decode", "mtp"])
+@pytest.mark.parametrize("heads", sorted(HEADS))
+def test_gdn_recurrent_model_shapes(heads: str, mode: str, state_dtype: str) -> None:
+    seed = 10 * sorted(HEADS).index(heads) + ("decode", "mtp").index(mode)
+    run_case(heads, mode, state_dtype, batch=16, seed=seed)
+
+
+@pytest.mark.parametrize("mode", ["decode", "mtp"])
+def test_gdn_recurrent_float32_dt_bias_and_one_sequence(mode: str) -> None:
+    run_case("tp2", mode, "float32", batch=4, seed=5, dt_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("gates", ["softplus-linear", "beta-off"])
+def test_gdn_recurrent_gate_extremes(gates: str) -> None:
+    """a + dt_bias above softplus's threshold of 20 (decay exp(-exp(A) x), tiny), or b so
+    negative that beta ~ 0 (the state only decays)."""
+    shift = {"softplus-linear": (24.0, 0.0), "beta-off": (0.0, -30.0)}[gates]
+    run_case("tp2", "mtp", "float32", batch=6, seed=9, a_shift=shift[0], b_shift=shift[1])
+
+
+def test_gdn_recurrent_rejects_bad_arguments() -> None:
+    h, hv = HEADS["tp2"]
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    state, _ = make_state(4, hv, "float32", gen)
+    qkv, a, b, a_log, dt_bias = make_inputs(h, hv, 2, gen)
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32, device="cuda")
+    idx = torch.tensor([1, 2], dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="num_k_heads"):
+        kernels.gdn_recurrent_decode(qkv, a, b, a_log, dt_bias, state, qsl, idx, None, 7, SCALE)
+    with pytest.raises(RuntimeError, match="qkv must be"):
+        kernels.gdn_recurrent_decode(qkv[:, 1:], a, b, a_log, dt_bias, state, qsl, idx, None,
+                                     h, SCALE)
+    with pytest.raises(RuntimeError, match="int16 state needs state_scale"):
+        kernels.gdn_recurrent_decode(qkv, a, b, a_log, dt_bias, state.to(torch.int16), qsl,
+                                     idx, None, h, SCALE)
+    with pytest.raises(RuntimeError, match="state_indices"):
+        kernels.gdn_recurrent_decode(qkv, a, b, a_log, dt_bias, state, qsl, idx[:1], None, h,
+                                     SCALE)
