@@ -52,7 +52,9 @@ __host__ __device__ constexpr unsigned long long ar_half_bytes(unsigned long lon
   return total <= kArHeaderBytes ? 0ull : ((total - kArHeaderBytes) / 2) & ~15ull;
 }
 
-__device__ __forceinline__ unsigned* ar_flags(char* buf) { return reinterpret_cast<unsigned*>(buf); }
+__device__ __forceinline__ unsigned* ar_flags(char* buf) {
+  return reinterpret_cast<unsigned*>(buf);
+}
 __device__ __forceinline__ unsigned* ar_epochs(char* buf) {
   return reinterpret_cast<unsigned*>(buf) + kArBlocks;
 }
@@ -86,7 +88,9 @@ __device__ __forceinline__ uint32_t ar_load_peer4(const uint32_t* p) {
 // This block's call count for this call (1 for the first call after the buffer was zeroed).
 __device__ __forceinline__ unsigned ar_begin(char* mine) {
   __shared__ unsigned epoch;
-  if (threadIdx.x == 0) epoch = *reinterpret_cast<volatile unsigned*>(ar_epochs(mine) + blockIdx.x) + 1u;
+  if (threadIdx.x == 0) {
+    epoch = *reinterpret_cast<volatile unsigned*>(ar_epochs(mine) + blockIdx.x) + 1u;
+  }
   __syncthreads();
   return epoch;
 }

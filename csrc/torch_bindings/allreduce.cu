@@ -68,7 +68,8 @@ void check_input(const Tensor& x, const char* op) {
   SM70_CHECK_CUDA(x);
   SM70_CHECK_DTYPE(x, at::kHalf);
   SM70_CHECK_CONTIG(x);
-  TORCH_CHECK(x.numel() % 8 == 0, std::string(op) + ": the element count must be a multiple of 8, got " +
+  TORCH_CHECK(x.numel() % 8 == 0, std::string(op) +
+                                      ": the element count must be a multiple of 8, got " +
                                       std::to_string(x.numel()));
   TORCH_CHECK(x.numel() / 8 <= INT32_MAX, std::string(op) + ": too many elements");
   check_aligned16(x, "x");
@@ -79,7 +80,8 @@ Tensor allreduce(const Tensor& x, int64_t mine, int64_t peer, int64_t buffer_byt
   check_input(x, op);
   TORCH_CHECK(mine != 0 && peer != 0 && mine != peer,
               std::string(op) + ": mine and peer must be two registered buffers");
-  TORCH_CHECK(mine % 16 == 0 && peer % 16 == 0, std::string(op) + ": buffers must be 16-byte aligned");
+  TORCH_CHECK(mine % 16 == 0 && peer % 16 == 0,
+              std::string(op) + ": buffers must be 16-byte aligned");
   const long long cap = sm70::ar_capacity((unsigned long long)buffer_bytes, int12);
   TORCH_CHECK(buffer_bytes > 0 && x.numel() <= cap,
               std::string(op) + ": " + std::to_string(x.numel()) + " elements exceed the " +
