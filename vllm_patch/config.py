@@ -58,7 +58,7 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class AllreduceConfig:
-    mode: str = "auto"  # auto | fp16 | int12
+    mode: str = "auto"  # as set (auto | fp16 | int12) or resolved by topology (fp16 | int12 | nccl)
     buffer_bytes: int = 16 * 1024**2
 
 
