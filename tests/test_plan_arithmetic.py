@@ -25,7 +25,7 @@ def model():
 
 def _plan(model, gpus=None, **kw):
     gpus = gpus or [Gpu(0, "a", V100), Gpu(1, "b", V100)]
-    return compute_plan(model, PlanInputs(**kw), gpus)
+    return compute_plan(model, PlanInputs(**{"path": "target", **kw}), gpus)
 
 
 def _item(plan, key, gpu=0):
@@ -170,7 +170,8 @@ def test_gpu_budget_overflow_names_first_item(model):
 
 def test_pipeline_parallel_splits_layers(model):
     gpus = [Gpu(0, "a", V100), Gpu(1, "b", V100)]
-    p = compute_plan(model, PlanInputs(tensor_parallel_size=1, pipeline_parallel_size=2), gpus)
+    p = compute_plan(model, PlanInputs(tensor_parallel_size=1, pipeline_parallel_size=2,
+                                       path="target"), gpus)
     keys0 = {i.key for i in p.gpus[0].items}
     keys1 = {i.key for i in p.gpus[1].items}
     assert "weights.embed" in keys0 and "weights.embed" not in keys1

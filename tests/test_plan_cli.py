@@ -44,15 +44,21 @@ def test_json_without_args_is_the_reference_plan(tmp_path):
     keys = {i["key"] for i in g["items"]}
     assert {"weights.embed", "weights.mlp", "pool.kv", "pool.state", "cuda_context"} <= keys
     assert d["kv_bytes_per_token_per_layer"] == 1040
-    assert d["gdn_page_bytes"]["total"] == 828 * 1024
+    # the served path: vLLM 0.22.1's float32 state (tests/test_plan_vllm_parity.py)
+    assert d["path"] == "served" and d["gdn_state_dtype"] == "float32"
+    assert d["gdn_page_bytes"]["total"] == 1_634_304
+    assert g["pool"]["block_size"] == 1584 and g["pool"]["num_blocks"] == 379
 
 
 def test_too_long_max_model_len_fails_naming_the_item(tmp_path):
     r = run(["--max-model-len", "1048576", "--gpus", "2xv100", "--json"], tmp_path)
     assert r.returncode == 1
-    assert "KV cache pool" in r.stderr and "short by 13,117,521,920 B" in r.stderr
+    # 1,048,576 tokens: 662 blocks of 1,584 tokens + 3 GDN groups x 5 state pages, each
+    # block 17 layers x 1,647,360 B, against the 10,630,627,328 B pool
+    short = (662 + 15) * 17 * 1_647_360 - 10_630_627_328
+    assert "KV cache pool" in r.stderr and f"short by {short:,} B" in r.stderr
     d = json.loads(r.stdout)
-    assert d["fits"] is False and d["overflow"]["by_bytes"] == 13_117_521_920
+    assert d["fits"] is False and d["overflow"]["by_bytes"] == short == 8_328_838_912
     assert d["what_fits"] and all(s["longest_sequence"] > 262_144 for s in d["what_fits"])
 
 

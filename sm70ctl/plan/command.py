@@ -40,6 +40,14 @@ ContextOpt = Annotated[
     typer.Option("--context", help="Report how many sequences of N tokens fit at once "
                  "(default: the max model length).", min=1, metavar="N"),
 ]
+PathOpt = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--path", help="Which pool the plan describes: `served` (default), what "
+                 "vLLM 0.22.1 allocates today (float32 GDN state pages in its one hybrid "
+                 "pool, TRITON_ATTN's block alignment); `target`, the design that "
+                 "SM70_GDN_STATE_DTYPE, SM70_SPLIT_POOLS and SM70_STATE_BLOCK_MULTIPLIER "
+                 "describe, not served yet (issue 23).", metavar="served|target"),
+]
 SvgOpt = Annotated[
     Optional[Path],  # noqa: UP045
     typer.Option("--svg", help="Also draw the plan as a stacked bar per GPU into FILE.",
@@ -75,12 +83,14 @@ def register(app: typer.Typer) -> None:
         max_num_seqs: MaxSeqsOpt = None,
         context: ContextOpt = None,
         svg: SvgOpt = None,
+        path: PathOpt = None,
         json_out: JsonOpt = False,
         env_file: EnvFileOpt = None,
     ) -> None:
         from sm70ctl.errors import EXIT_USAGE, Sm70Error, UsageError
         from sm70ctl.output import Output
         from sm70ctl.plan.plan import what_fits
+        from sm70ctl.plan.pools import PATHS
         from sm70ctl.plan.report import plan_to_dict
         from sm70ctl.plan.run import BUILTIN_SOURCE, plan_for_settings
         from sm70ctl.settings import SettingsError, load_settings
@@ -103,8 +113,10 @@ def register(app: typer.Typer) -> None:
                 hint="give --context at or below the max model length, or raise "
                      "--max-model-len",
             )
+        if path is not None and path not in PATHS:
+            raise UsageError(f"--path {path!r}: allowed: {', '.join(PATHS)}")
         run = plan_for_settings(settings, config=config, model_dir=model_dir, gpus=gpus,
-                                context=context)
+                                context=context, path=path)
         result, model, model_source, src, inputs = (
             run.plan, run.model, run.model_source, run.gpus, run.inputs)
         needed = inputs.tensor_parallel_size * inputs.pipeline_parallel_size
@@ -163,6 +175,10 @@ def _overflow_hint(steps: list[dict[str, Any]], min_len: int = 1) -> str:
             f"{pick['longest_sequence']:,} tokens ({then}); the table lists each step")
 
 
+PATH_NOTE = {"served": "what vLLM 0.22.1 allocates today",
+             "target": "the design of issue 23, not served yet"}
+
+
 def _render(console: Any, data: dict[str, Any]) -> None:
     from sm70ctl.output import make_table
     from sm70ctl.plan.report import gib, mib
@@ -215,12 +231,22 @@ def _render(console: Any, data: dict[str, Any]) -> None:
         f"KV {inp['kv_cache_dtype']}: {data['kv_bytes_per_token_per_layer']:,} B per token "
         f"per layer, {data['kv_bytes_per_token']:,} B per token per GPU",
     ]
-    if page:
+    pool = gpus[0]["pool"]
+    if page and pool["mode"] == "served":
         lines.append(f"GDN page per layer per GPU: {page['total']:,} B = "
-                     f"{page['recurrent'] // 1024:,} KiB {inp['gdn_state_dtype']} state + "
+                     f"{page['recurrent'] // 1024:,} KiB {data['gdn_state_dtype']} state + "
+                     f"{page['conv'] // 1024:,} KiB conv, padded to the "
+                     f"{pool['page_bytes']:,} B page of {pool['block_size']:,}-token blocks; "
+                     f"{pool['num_blocks']:,} blocks of {pool['layer_group']} layers, a request "
+                     f"takes {pool['slots_per_seq']} state pages in each of "
+                     f"{pool['gdn_groups']} GDN groups")
+    elif page:
+        lines.append(f"GDN page per layer per GPU: {page['total']:,} B = "
+                     f"{page['recurrent'] // 1024:,} KiB {data['gdn_state_dtype']} state + "
                      f"{page['conv'] // 1024:,} KiB conv; state slots "
-                     f"{gpus[0]['pool']['slots']} ({inp['max_num_seqs']} seqs x "
+                     f"{pool['slots']} ({inp['max_num_seqs']} seqs x "
                      f"{inp['state_block_multiplier']})")
+    lines.append(f"plan path: {inp['path']} ({PATH_NOTE[inp['path']]})")
     if data["within_budget"]:
         lines.append(f"longest single sequence: {data['longest_sequence_tokens']:,} tokens "
                      f"(max model length {data['max_model_len']:,})")

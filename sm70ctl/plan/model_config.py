@@ -101,6 +101,8 @@ class ModelShape:
     vision: VisionShape | None
     quant: QuantConfig | None
     warnings: tuple[str, ...] = field(default=())
+    # the GDN recurrent state dtype the config asks for (Qwen3.5: float32); None: model dtype
+    mamba_ssm_dtype: str | None = None
 
     @property
     def num_layers(self) -> int:
@@ -328,6 +330,7 @@ def parse_config(cfg: dict[str, Any], source: str = "<dict>") -> ModelShape:
         prefix="model.language_model." if nested else "model.",
         vision=parse_vision(cfg.get("vision_config")),
         quant=quant,
+        mamba_ssm_dtype=_ssm_dtype(text, where),
     )
     if shape.linear_layers and not (
         shape.linear_num_key_heads and shape.linear_num_value_heads
@@ -353,6 +356,16 @@ def load_config(path: Path) -> ModelShape:
 
     raw = read_json(path, what="model config", max_bytes=CONFIG_MAX_BYTES)
     return parse_config(raw, str(path))
+
+
+def _ssm_dtype(text: dict[str, Any], where: str) -> str | None:
+    value = text.get("mamba_ssm_dtype")
+    if value is None:
+        return None
+    if value not in ("float32", "float16", "bfloat16"):
+        raise Sm70Error(f"model config: `{where}mamba_ssm_dtype` = {_brief(value)} is not "
+                        "float32, float16 or bfloat16")
+    return str(value)
 
 
 def builtin_config_path() -> Path:

@@ -6,6 +6,11 @@ floor(total x SM70_GPU_MEMORY_UTILIZATION). The pool is SM70_KV_CACHE_BYTES when
 whatever the budget leaves. The plan fits when every GPU's items stay inside its budget, the
 state pool fits in the pool and the KV left holds SM70_MAX_MODEL_LEN tokens; otherwise it
 names the first item that overflows and by how many bytes, and says what does fit.
+
+The pool follows one of two paths (pools.py): `served` (the default), what vLLM 0.22.1
+allocates with the code that runs today (its hybrid allocator, the model's GDN state dtype,
+the attention backend's block alignment), or `target`, the design the not-yet-served
+settings describe (SM70_GDN_STATE_DTYPE, SM70_SPLIT_POOLS, SM70_STATE_BLOCK_MULTIPLIER).
 """
 
 from __future__ import annotations
@@ -19,7 +24,20 @@ from sm70ctl.errors import Sm70Error
 from sm70ctl.plan import clef as clef_mod
 from sm70ctl.plan.model_checks import check_parallel
 from sm70ctl.plan.model_config import FULL, ModelShape
-from sm70ctl.plan.pools import GdnPage, PoolLayout, gdn_page, kv_bytes_per_token_layer, layout_pool
+from sm70ctl.plan.pools import (
+    BACKEND_BLOCK_ALIGN,
+    PATHS,
+    SERVED,
+    SERVED_BACKENDS,
+    STATE_DTYPES,
+    GdnPage,
+    PoolLayout,
+    gdn_page,
+    kv_bytes_per_token_layer,
+    layout_pool,
+    layout_served,
+    mamba_pages_per_request,
+)
 from sm70ctl.plan.shapes import kv_heads_per_gpu, pp_layer_ranges, stage_tensors
 from sm70ctl.plan.weights import WeightOptions, by_class
 from sm70ctl.plan.workspaces import WorkspaceInputs, workspace_items
@@ -64,6 +82,9 @@ class PlanInputs:
     limit_images: int = 20
     limit_videos: int = 2
     quantization: str = "gptq"
+    path: str = SERVED  # which pool path the plan describes (pools.py)
+    mamba_cache_mode: str = "align"
+    attention_backend: str = "TRITON_ATTN"
     model_dir: Path | None = None  # SM70_MODEL_DIR: its config.json is planned when present
 
     @property
@@ -82,9 +103,12 @@ class PlanInputs:
         if "cudagraph_sizes" in values:
             values["cudagraph_sizes"] = _int_tuple(values["cudagraph_sizes"])
         for key in ("kv_cache_dtype", "gdn_state_dtype", "draft_head_dtype", "spec_method",
-                    "quantization"):
+                    "quantization", "mamba_cache_mode"):
             if key in values:
                 values[key] = str(getattr(values[key], "value", values[key])).lower()
+        if "attention_backend" in values:
+            backend = values["attention_backend"]
+            values["attention_backend"] = str(getattr(backend, "value", backend)).upper()
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -106,6 +130,19 @@ class PlanInputs:
             raise bad("gpu_memory_utilization", self.gpu_memory_utilization, "must be in (0, 1]")
         if self.draft_head_dtype not in ("fp16", "float16", "int8", "int4"):
             raise bad("draft_head_dtype", self.draft_head_dtype, "allowed: float16, int8, int4")
+        if self.gdn_state_dtype not in STATE_DTYPES:
+            raise bad("gdn_state_dtype", self.gdn_state_dtype,
+                      f"allowed: {', '.join(STATE_DTYPES)}")
+        if self.path not in PATHS:
+            raise Sm70Error(f"plan path {self.path!r} is not known",
+                            hint=f"allowed: {', '.join(PATHS)}")
+        if self.attention_backend not in BACKEND_BLOCK_ALIGN:
+            raise bad("attention_backend", self.attention_backend,
+                      f"allowed: {', '.join(BACKEND_BLOCK_ALIGN)}")
+        if self.block_size % BACKEND_BLOCK_ALIGN[self.attention_backend]:
+            raise bad("block_size", self.block_size,
+                      f"{self.attention_backend} takes multiples of "
+                      f"{BACKEND_BLOCK_ALIGN[self.attention_backend]} tokens")
 
     @property
     def speculative(self) -> int:
@@ -185,6 +222,7 @@ class Plan:
     warnings: list[str]
     kv_bytes_per_token_layer: int
     gdn_page: GdnPage | None
+    gdn_state_dtype: str = ""  # the recurrent state dtype the pool holds
 
     @property
     def overflow(self) -> Overflow | None:
@@ -233,6 +271,9 @@ def compute_plan(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu],
         )
     check_parallel(model, tp, pp)
     warnings: list[str] = list(model.warnings) + _quantization_warnings(model, inputs)
+    state_dtype = served_state_dtype(model) if inputs.path == SERVED else inputs.gdn_state_dtype
+    if model.linear_layers:
+        warnings += path_warnings(inputs, state_dtype)
     spec = inputs.speculative
     # n-gram drafting keeps the conv-state columns for rollback but loads no MTP layer
     mtp = inputs.spec_method == "mtp" and spec > 0 and model.mtp_num_hidden_layers > 0
@@ -254,7 +295,7 @@ def compute_plan(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu],
         page = gdn_page(model.linear_num_value_heads // tp, model.linear_key_head_dim,
                         model.linear_value_head_dim, (2 * model.gdn_key_dim
                                                       + model.gdn_value_dim) // tp,
-                        model.linear_conv_kernel_dim, spec, inputs.gdn_state_dtype)
+                        model.linear_conv_kernel_dim, spec, state_dtype)
 
     plans: list[GpuPlan] = []
     for stage, layers in enumerate(ranges):
@@ -286,7 +327,7 @@ def compute_plan(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu],
             plans.append(_gpu_plan(gpu, stage, tp_rank, budget, items, inputs, attn, gdn,
                                    kv_layer_tok, page.total if page else 0))
     return Plan(model, inputs, plans, context or inputs.max_model_len, warnings,
-                kv_layer_tok, page)
+                kv_layer_tok, page, state_dtype if page else "")
 
 
 def _quantization_warnings(model: ModelShape, inputs: PlanInputs) -> list[str]:
@@ -302,8 +343,47 @@ def _quantization_warnings(model: ModelShape, inputs: PlanInputs) -> list[str]:
     return []
 
 
+def served_state_dtype(model: ModelShape) -> str:
+    """The GDN recurrent state dtype vLLM 0.22.1 allocates: the model config's
+    mamba_ssm_dtype (Qwen3.5's `float32`), else the model dtype (float16 on Volta)."""
+    return model.mamba_ssm_dtype or "float16"
+
+
+def path_warnings(inputs: PlanInputs, state_dtype: str) -> list[str]:
+    """What the served path leaves out of the settings, said once."""
+    if inputs.path != SERVED:
+        return [f"plan path `target`: SM70_GDN_STATE_DTYPE={inputs.gdn_state_dtype}, "
+                f"SM70_SPLIT_POOLS={str(inputs.split_pools).lower()} and "
+                f"SM70_STATE_BLOCK_MULTIPLIER={inputs.state_block_multiplier} as our plugin "
+                "is designed to use them (issue 23); vLLM 0.22.1 does not allocate this "
+                "today (the default path `served` says what it does)"]
+    unserved = []
+    if inputs.gdn_state_dtype != state_dtype:
+        unserved.append(f"SM70_GDN_STATE_DTYPE={inputs.gdn_state_dtype}")
+    if inputs.split_pools:
+        unserved.append("SM70_SPLIT_POOLS=true")
+    out = []
+    if unserved:
+        out.append(f"plan path `served` (what vLLM 0.22.1 allocates today): "
+                   f"{' and '.join(unserved)} not served yet (issue 23), so the state is "
+                   f"{state_dtype}, drawn with the KV from vLLM's one pool, and "
+                   "SM70_STATE_BLOCK_MULTIPLIER has no effect; `sm70ctl plan --path target` "
+                   "plans the design")
+    if inputs.attention_backend not in SERVED_BACKENDS:
+        out.append(f"SM70_ATTENTION_BACKEND={inputs.attention_backend} is not served yet "
+                   "(issue 22: vLLM refuses it at start-up); planned with its "
+                   f"{BACKEND_BLOCK_ALIGN[inputs.attention_backend]}-token kernel block")
+    return out
+
+
 def _layout(pool: int, inputs: PlanInputs, attn: int, gdn: int, kv_layer_tok: int,
             page: int, seqs: int) -> PoolLayout:
+    if inputs.path == SERVED:
+        return layout_served(
+            pool, block_size=inputs.block_size,
+            align=BACKEND_BLOCK_ALIGN[inputs.attention_backend], attn_layers=attn,
+            kv_layer_token=kv_layer_tok, gdn_layers=gdn, gdn_page_bytes=page,
+            state_pages=mamba_pages_per_request(inputs.mamba_cache_mode, inputs.speculative))
     return layout_pool(pool, split=inputs.split_pools, block_size=inputs.block_size,
                        attn_layers=attn, kv_layer_token=kv_layer_tok, gdn_layers=gdn,
                        gdn_page_bytes=page, slots_per_seq=inputs.state_block_multiplier,

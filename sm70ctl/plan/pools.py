@@ -12,13 +12,20 @@ GDN state, per linear-attention layer, per sequence slot, per GPU (vLLM's
   conv_dim = 2 x key_dim + value_dim (q, k and v all go through the causal conv). vLLM keeps
   one extra column per speculative token so a rejected draft can roll the conv back.
 
-Two layouts:
-- split pools (SM70_SPLIT_POOLS, our plugin): the state pool reserves
-  max_num_seqs x state_block_multiplier slots up front; the rest of the pool holds KV blocks
-  of `block_size` tokens (auto: 16).
-- unified (vLLM's hybrid allocator): one page size for both kinds; the attention block size
-  grows (auto: the smallest multiple of 16 tokens whose page holds a GDN state page) and
-  both kinds draw pages from one pool, layers grouped in groups of equal size.
+Two paths (`SERVED`, `TARGET`):
+- served: what vLLM 0.22.1 allocates today (`layout_served`): its hybrid allocator, one page
+  size for both kinds. The block size starts at CacheConfig's 16 (or --block-size), then
+  `_align_hybrid_block_size` raises it to the smallest multiple of the backend's kernel
+  block alignment whose attention page holds a GDN page, and the GDN page is padded to it.
+  Layers go in groups of equal size (the smallest kind's count, or the largest when it is
+  below 1.5 times that), one pool tensor per position in a group, so one block costs
+  page x group size; blocks = pool // page // group size. Nothing is reserved up front:
+  a request draws its attention blocks and, per GDN group, the state pages its mamba cache
+  mode keeps (align: 2 + k, none: 1 + k) from the same blocks.
+- target: what our plugin is designed to do (issues 22 and 23, not served yet):
+  split pools (SM70_SPLIT_POOLS) reserve max_num_seqs x state_block_multiplier slots up
+  front and hold KV blocks of `block_size` tokens (auto: 16) in the rest; unified (split
+  off) keeps vLLM's one page size but still reserves those slots.
 """
 
 from __future__ import annotations
@@ -41,9 +48,17 @@ KV_DTYPES: dict[str, tuple[float, int]] = {
     "fp8_per_token_head": (1, 4),
     "int4_per_token_head": (0.5, 2),
 }
-STATE_DTYPES = {"fp32": 4, "float32": 4, "int16": 2, "fp16": 2, "float16": 2}
+STATE_DTYPES = {"fp32": 4, "float32": 4, "int16": 2, "fp16": 2, "float16": 2, "bfloat16": 2}
 CONV_STATE_BYTES = 2  # the conv state stays in the model dtype (fp16 on V100)
-AUTO_BLOCK = 16
+AUTO_BLOCK = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
+SERVED, TARGET = "served", "target"
+PATHS = (SERVED, TARGET)
+# Kernel block alignment per attention backend: the smallest of its
+# get_supported_kernel_block_sizes() (vLLM's TRITON_ATTN and FLEX_ATTENTION: multiples of
+# 16; SM70_PAGED: the 64-token kernel block the issue 22 design gives it).
+BACKEND_BLOCK_ALIGN = {"TRITON_ATTN": 16, "FLEX_ATTENTION": 16, "SM70_PAGED": 64}
+# Backends vLLM 0.22.1 serves with this stack today (the SM70_PAGED class is not written).
+SERVED_BACKENDS = ("TRITON_ATTN", "FLEX_ATTENTION")
 
 
 def kv_bytes_per_token_layer(kv_heads_gpu: int, head_dim: int, kv_dtype: str) -> int:
@@ -83,7 +98,7 @@ def gdn_page(value_heads_gpu: int, dk: int, dv: int, conv_dim_gpu: int, kernel: 
 class PoolLayout:
     """How one GPU's pool bytes divide into GDN state and KV."""
 
-    mode: str  # "split" | "unified"
+    mode: str  # "split" | "unified" (target path) | "served"
     pool_bytes: int
     block_size: int
     attn_layers: int
@@ -98,18 +113,27 @@ class PoolLayout:
     unused_bytes: int  # rounding left-over of the pool
     page_bytes: int = 0  # unified: one page, per layer
     layer_group: int = 0  # unified: layers per group
+    num_blocks: int = 0  # unified: blocks in the pool (vLLM's KVCacheConfig.num_blocks)
+    gdn_groups: int = 0  # served: GDN layer groups, each drawing its own state pages
+    path: str = TARGET
+
+    @property
+    def state_pages_per_request(self) -> int:
+        """Served path: the blocks one request's GDN state takes from the pool."""
+        return self.gdn_groups * self.slots_per_seq if self.path == SERVED else 0
 
     @property
     def kv_tokens(self) -> int:
         """Tokens of KV the pool holds (the longest single sequence)."""
         groups = self._attn_groups()
         # no blocks when the state pool takes more than the pool (never negative tokens)
-        return (max(self.kv_blocks, 0) // groups) * self.block_size
+        blocks = max(self.kv_blocks - self.state_pages_per_request, 0)
+        return (blocks // groups) * self.block_size
 
     @property
     def block_bytes(self) -> int:
         """Pool bytes one KV block costs (all attention layers on this GPU)."""
-        if self.mode == "unified":
+        if self.mode in ("unified", SERVED):
             return self.page_bytes * self.layer_group
         return self.block_size * self.kv_bytes_per_token
 
@@ -118,17 +142,22 @@ class PoolLayout:
         return self.pool_bytes - self.state_pool_bytes
 
     def _attn_groups(self) -> int:
-        if self.mode == "unified" and self.layer_group:
+        if self.mode in ("unified", SERVED) and self.layer_group:
             return ceil_div(self.attn_layers, self.layer_group)
         return 1
 
     def blocks_for(self, tokens: int) -> int:
-        return ceil_div(tokens, self.block_size) * self._attn_groups()
+        """Blocks one request of `tokens` takes (served: its GDN state pages too)."""
+        return (ceil_div(tokens, self.block_size) * self._attn_groups()
+                + self.state_pages_per_request)
 
     def concurrency(self, context: int, max_num_seqs: int) -> dict[str, int]:
         """How many sequences of `context` tokens run at once, and what limits it."""
         by_kv = max(self.kv_blocks, 0) // max(1, self.blocks_for(context))
-        by_state = self.slots // max(1, self.slots_per_seq)
+        if self.path == SERVED:  # state pages come from the same blocks, none up front
+            by_state = max(self.kv_blocks, 0) // max(1, self.state_pages_per_request)
+        else:
+            by_state = self.slots // max(1, self.slots_per_seq)
         return {
             "context": context,
             "by_kv": by_kv,
@@ -138,7 +167,8 @@ class PoolLayout:
         }
 
     def to_dict(self) -> dict[str, int | str]:
-        return {**asdict(self), "kv_tokens": self.kv_tokens}
+        return {**asdict(self), "kv_tokens": self.kv_tokens,
+                "state_pages_per_request": self.state_pages_per_request}
 
 
 def layout_pool(pool_bytes: int, *, split: bool, block_size: int, attn_layers: int,
@@ -170,4 +200,55 @@ def layout_pool(pool_bytes: int, *, split: bool, block_size: int, attn_layers: i
                       ceil_div(attn_layers, group) * group * kv_layer_token,
                       gdn_groups * group * page, slots_per_seq, slots,
                       state_pages * page * group, kv_pages, max(kv_pages, 0) * page * group,
-                      pool_bytes - pages * page * group, page, group)
+                      pool_bytes - pages * page * group, page, group, pages)
+
+
+def mamba_pages_per_request(mamba_cache_mode: str, spec_tokens: int) -> int:
+    """State pages one request holds per GDN group (vLLM's MambaSpec.max_memory_usage_bytes):
+    align keeps the running state and the last block boundary's, none only the running one,
+    each with one page per speculative token."""
+    if mamba_cache_mode == "align":
+        return 2 + spec_tokens
+    if mamba_cache_mode == "none":
+        return 1 + spec_tokens
+    raise Sm70Error(f"SM70_MAMBA_CACHE_MODE={mamba_cache_mode!r} is not planned",
+                    hint="vLLM 0.22.1 keeps align or none for Qwen3.5")
+
+
+def hybrid_block_size(block_size: int, align: int, kv_layer_token: int,
+                      gdn_page_bytes: int) -> int:
+    """vLLM's block size for a hybrid model (update_block_size_for_backend): --block-size
+    or the default 16 (the backend's alignment when it does not take 16), raised to the
+    smallest multiple of max(alignment, that size) whose attention page holds a GDN page."""
+    block = block_size or (AUTO_BLOCK if AUTO_BLOCK % align == 0 else align)
+    if not gdn_page_bytes or not kv_layer_token:
+        return block
+    step = max(align, block)
+    return max(block, step * ceil_div(gdn_page_bytes, step * kv_layer_token))
+
+
+def layer_group_size(attn_layers: int, gdn_layers: int) -> int:
+    """Layers per KV cache group (vLLM's _get_kv_cache_groups_uniform_page_size)."""
+    counts = [n for n in (attn_layers, gdn_layers) if n]
+    smallest, largest = min(counts), max(counts)
+    return largest if largest < smallest * 1.5 else smallest
+
+
+def layout_served(pool_bytes: int, *, block_size: int, align: int, attn_layers: int,
+                  kv_layer_token: int, gdn_layers: int, gdn_page_bytes: int,
+                  state_pages: int) -> PoolLayout:
+    """What vLLM 0.22.1 allocates for --kv-cache-memory-bytes = `pool_bytes` (the served
+    path of the module doc); `state_pages` is mamba_pages_per_request's figure."""
+    bs = hybrid_block_size(block_size, align, kv_layer_token, gdn_page_bytes if attn_layers
+                           else 0)
+    page = max(bs * kv_layer_token, gdn_page_bytes)
+    group = layer_group_size(attn_layers, gdn_layers)
+    blocks = pool_bytes // page // group
+    attn_groups = ceil_div(attn_layers, group)
+    gdn_groups = ceil_div(gdn_layers, group)
+    per_request = state_pages if gdn_layers else 0
+    return PoolLayout(SERVED, pool_bytes, bs, attn_layers, gdn_layers,
+                      attn_groups * group * kv_layer_token, gdn_groups * group * page,
+                      per_request, 0, 0, blocks, blocks * page * group,
+                      pool_bytes - blocks * page * group, page, group, blocks, gdn_groups,
+                      SERVED)

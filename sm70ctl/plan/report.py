@@ -99,6 +99,8 @@ def plan_to_dict(plan: Plan, meta: dict[str, Any]) -> dict[str, Any]:
         "settings_source": meta.get("settings_source"),
         "inputs": {k: (list(v) if isinstance(v, tuple) else v)
                    for k, v in asdict(inputs).items()},
+        "path": inputs.path,
+        "gdn_state_dtype": plan.gdn_state_dtype,
         "kv_bytes_per_token_per_layer": plan.kv_bytes_per_token_layer,
         "kv_bytes_per_token": plan.gpus[0].layout.kv_bytes_per_token,
         "gdn_page_bytes": ({"recurrent": page.recurrent, "conv": page.conv,

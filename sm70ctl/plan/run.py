@@ -59,10 +59,11 @@ def plan_for_settings(
     model_dir: Path | None = None,
     gpus: str | None = None,
     context: int | None = None,
+    path: str | None = None,
 ) -> PlanRun:
     """Plan the configured model on the configured GPUs (`gpus`: a --gpus spec that
-    replaces NVML)."""
-    inputs = PlanInputs.from_settings(settings)
+    replaces NVML; `path`: the pool path, default `served`, what vLLM allocates today)."""
+    inputs = PlanInputs.from_settings(settings, path=path)
     model, source = load_model(inputs.model_dir, config, model_dir)
     needed = inputs.tensor_parallel_size * inputs.pipeline_parallel_size
     src = resolve_gpus(gpus, needed, None if gpus is not None else probe_nvml(),

@@ -1,0 +1,203 @@
+"""The memory plan says what vLLM 0.22.1 allocates (issue 22 item 4, issue 23 item 3).
+
+For the TP=2 reference settings and variations, tests/vllm_memory_probe.py computes with
+vLLM 0.22.1's own functions (block size alignment for TRITON_ATTN, the attention and GDN
+layers' KV cache specs, `get_kv_cache_configs` for --kv-cache-memory-bytes) what a CUDA
+worker would allocate for the command line `sm70ctl serve` builds, and `sm70ctl plan`'s
+served path must give the same block size, pages, blocks per GPU and per-request pages,
+byte for byte. The probe runs in the serving venv with the 0.22.1 tree of
+.ci/setup.d/35-vllm-0.22.1-py.sh (tests/test_vllm_config_parity.py's machinery); without
+them these tests skip, under CI=true they fail.
+
+The bottom tests run the same comparison against plans with a plausible bug (scales left
+out of the page, block size not aligned, state pages reserved up front) and check it fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_vllm_config_parity import (
+    MODEL_CONFIG,
+    PROBE_TIMEOUT,
+    REPO,
+    SERVE_PYTHON,
+    SITE_HOOK,
+    VLLM_DEPS,
+    VLLM_TREE,
+    _plugin_dist,
+    _probe_problem,
+)
+
+from sm70ctl.plan import pools
+from sm70ctl.plan.plan import Plan, compute_plan
+from sm70ctl.plan.run import plan_for_settings
+from sm70ctl.runtime.command_line import VLLM_ENTRYPOINT, vllm_argv
+from sm70ctl.runtime.environment import vllm_env
+from sm70ctl.settings import load_settings
+
+PROBE = REPO / "tests" / "vllm_memory_probe.py"
+
+# The reference TP=2 settings (the schema's defaults) and variations that move every figure.
+CASES: dict[str, dict[str, str]] = {
+    "reference": {},
+    "kv-8GiB": {"SM70_KV_CACHE_BYTES": "8GiB"},
+    "no-spec-8-seqs": {"SM70_SPEC_METHOD": "none", "SM70_MAX_NUM_SEQS": "8",
+                       "SM70_KV_CACHE_BYTES": "6GiB"},
+    "no-prefix-caching": {"SM70_ENABLE_PREFIX_CACHING": "false",
+                          "SM70_MAMBA_CACHE_MODE": "none", "SM70_MAX_MODEL_LEN": "131072"},
+    "block-1600": {"SM70_BLOCK_SIZE": "1600"},
+}
+
+
+def _settings(model_dir: Path, extra: dict[str, str]) -> Any:
+    return load_settings(environ={"SM70_MODEL_DIR": str(model_dir), **extra})
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    problem = _probe_problem()
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must have vLLM 0.22.1's config code: {problem}")
+        pytest.skip(problem)
+    tmp = tmp_path_factory.mktemp("memory")
+    model_dir = tmp / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(MODEL_CONFIG.read_text())
+    cases, plans = [], {}
+    for name, extra in CASES.items():
+        s = _settings(model_dir, extra)
+        argv = vllm_argv(s)
+        assert argv[1:3] == ["-m", VLLM_ENTRYPOINT]
+        cases.append({"name": name, "argv": argv[3:],
+                      "env": vllm_env(s, cache_entry=tmp / "cache")})
+        plans[name] = plan_for_settings(s, gpus="2xv100").plan
+    request = tmp / "request.json"
+    request.write_text(json.dumps({"model_dir": str(model_dir), "cases": cases}))
+    result = tmp / "result.json"
+    path = [VLLM_TREE, VLLM_DEPS, SITE_HOOK, _plugin_dist(tmp / "plugin"), REPO]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM70_", "VLLM_"))}
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
+    proc = subprocess.run([str(SERVE_PYTHON), str(PROBE), str(request), str(result)],
+                          capture_output=True, text=True, timeout=PROBE_TIMEOUT, env=env,
+                          check=False)
+    if proc.returncode != 0 or not result.is_file():
+        pytest.fail(f"probe failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                    f"{proc.stderr[-3000:]}")
+    out = json.loads(result.read_text())
+    out["plans"] = plans
+    return out
+
+
+def _vllm(probe: dict[str, Any], name: str) -> dict[str, Any]:
+    case = probe["cases"][name]
+    assert "error" not in case, f"vLLM 0.22.1 refused the {name} launch: {case['error']}"
+    return case
+
+
+def plan_figures(plan: Plan) -> dict[str, Any]:
+    """The plan's figures under the probe's names (GPU 0; the TP ranks plan alike)."""
+    lay = plan.gpus[0].layout
+    page = plan.gdn_page
+    return {
+        "block_size": lay.block_size,
+        "attention_page_bytes": lay.block_size * plan.kv_bytes_per_token_layer,
+        "attention_page_bytes_per_token": plan.kv_bytes_per_token_layer,
+        "page_bytes": lay.page_bytes,
+        "gdn_page_bytes": page.total if page else None,
+        "num_blocks": lay.num_blocks,
+        "group_size": lay.layer_group,
+        "attention_layers": lay.attn_layers,
+        "gdn_layers": lay.gdn_layers,
+        "gdn_pages_per_request": lay.slots_per_seq,
+        "longest_request": lay.kv_tokens,
+    }
+
+
+def mismatches(plan: Plan, vllm: dict[str, Any]) -> list[str]:
+    got = plan_figures(plan)
+    return [f"{k}: plan {got[k]!r}, vLLM {vllm.get(k)!r}" for k in got if got[k] != vllm.get(k)]
+
+
+def test_probe_ran_vllm_0_22_1(probe: dict[str, Any]) -> None:
+    assert probe["vllm_version"] == "0.22.1"
+    assert Path(probe["vllm_file"]).is_relative_to(VLLM_TREE)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_plan_equals_what_vllm_allocates(probe: dict[str, Any], name: str) -> None:
+    vllm = _vllm(probe, name)
+    plan = probe["plans"][name]
+    assert plan.inputs.path == pools.SERVED
+    bad = mismatches(plan, vllm)
+    assert not bad, f"{name}: the plan differs from vLLM 0.22.1:\n" + "\n".join(bad)
+    # vLLM refuses to start when one max-model-len request does not fit; the plan fits
+    assert plan.fits
+
+
+def test_reference_allocation(probe: dict[str, Any]) -> None:
+    """The reference figures, as vLLM computes them (docs/plan.md quotes them)."""
+    v = _vllm(probe, "reference")
+    assert v["attention_backend"] == "TRITON_ATTN" and v["mamba_cache_mode"] == "align"
+    assert v["attention_page_bytes_per_token"] == 1040  # 2 KV heads x 2 x (256 + 4 B scale)
+    assert v["gdn_dtypes"] == ["float16", "float32"]
+    assert v["gdn_page_bytes"] == 1_634_304 and v["block_size"] == 1584
+    assert v["page_bytes"] == v["gdn_padded_page_bytes"] == 1584 * 1040
+    assert sorted(v["group_kinds"]) == ["attention", "gdn", "gdn", "gdn"]
+    assert v["group_size"] == 17 and v["num_blocks"] == 379
+    assert v["gdn_pages_per_request"] == 5  # align with MTP k=3: 2 + 3
+
+
+# --- the comparison catches plausible plan bugs -----------------------------------------
+
+
+def _replan(probe: dict[str, Any], name: str = "reference", **inputs: Any) -> Plan:
+    """The case's plan computed again (after a test broke part of the arithmetic)."""
+    plan = probe["plans"][name]
+    return compute_plan(plan.model, dataclasses.replace(plan.inputs, **inputs),
+                        [g.gpu for g in plan.gpus])
+
+
+def test_replanning_is_faithful(probe: dict[str, Any]) -> None:
+    """The control of the tests below: recomputed unbroken, the plan still agrees."""
+    assert not mismatches(_replan(probe), _vllm(probe, "reference"))
+
+
+def test_scales_left_out_of_the_page_fail(probe: dict[str, Any],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(pools.KV_DTYPES, "int8_per_token_head", (1, 0))
+    bad = mismatches(_replan(probe), _vllm(probe, "reference"))
+    assert any(m.startswith(("attention_page_bytes_per_token", "block_size")) for m in bad)
+
+
+def test_unaligned_block_size_fails(probe: dict[str, Any],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block just large enough for a GDN page, not rounded to the 16-token alignment."""
+    monkeypatch.setattr(pools, "hybrid_block_size",
+                        lambda block, align, kv, gdn: -(-gdn // kv))
+    bad = mismatches(_replan(probe), _vllm(probe, "reference"))
+    assert any(m.startswith("block_size") for m in bad)
+
+
+def test_state_reserved_up_front_fails(probe: dict[str, Any]) -> None:
+    """The target path (split pools, int16 state, 8 slots per sequence) is not what vLLM
+    allocates today: the comparison must see it, unified or split."""
+    vllm = _vllm(probe, "reference")
+    assert mismatches(_replan(probe, path=pools.TARGET), vllm)
+    assert mismatches(_replan(probe, path=pools.TARGET, split_pools=False,
+                              gdn_state_dtype="float32"), vllm)
+
+
+def test_mamba_pages_per_request_follow_the_mode(probe: dict[str, Any]) -> None:
+    """none keeps one page less per request than align: planning align for the
+    no-prefix-caching case must fail."""
+    vllm = _vllm(probe, "no-prefix-caching")
+    assert not mismatches(_replan(probe, "no-prefix-caching"), vllm)
+    assert mismatches(_replan(probe, "no-prefix-caching", mamba_cache_mode="align"), vllm)
