@@ -91,6 +91,27 @@ def test_default_env_reproduces_the_reference_environment():
     assert all(isinstance(v, str) for v in env.values())
 
 
+def test_defaults_launch_the_sm70_gptq_path():
+    """What `serve` runs by default (issue 21 item 4): `--quantization gptq`, which the
+    plugin's sm70_gptq claims; TRITON_ATTN while SM70_PAGED has no backend class; our
+    plugin loaded by name whatever VLLM_PLUGINS the caller had; the GEMV/GEMM switches on."""
+    import tomllib
+
+    s = defaults()
+    argv = vllm_argv(s)
+    assert argv[argv.index("--quantization") + 1] == "gptq"
+    assert argv[argv.index("--attention-backend") + 1] == "TRITON_ATTN"
+    env = vllm_env(s)
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    (name,) = project["project"]["entry-points"]["vllm.general_plugins"]
+    assert env["VLLM_PLUGINS"] == name == "sm70"
+    from sm70ctl.runtime.environment import child_env
+
+    assert child_env({"VLLM_PLUGINS": "", "PATH": "/bin"}, env)["VLLM_PLUGINS"] == "sm70"
+    gemm = PluginConfig.from_json(env[PLUGIN_CONFIG_ENV]).gemm
+    assert (gemm.int8_gemv, gemm.gemv_max_rows, gemm.int8_lm_head) == (True, 8, True)
+
+
 @pytest.mark.parametrize(("mode", "available", "expected"), [
     ("on", False, "0"), ("on", None, "0"), ("off", True, "1"), ("off", None, "1"),
     ("auto", True, "0"), ("auto", False, "1"), ("auto", None, None),

@@ -224,6 +224,8 @@ CROSS = [
      {"SM70_HOST": "10.0.0.5", "SM70_API_KEY": "k"}, "SM70_HOST"),
     ("loopback v6 needs no key", {"SM70_HOST": "::2"}, {"SM70_HOST": "::1"}, "SM70_HOST"),
     ("ngram-range", {"SM70_NGRAM_MIN": "9"}, {"SM70_NGRAM_MIN": "8"}, "SM70_NGRAM_MIN"),
+    ("attention-backend-exists", {"SM70_ATTENTION_BACKEND": "SM70_PAGED"},
+     {"SM70_ATTENTION_BACKEND": "FLEX_ATTENTION"}, "SM70_ATTENTION_BACKEND"),
 ]
 
 

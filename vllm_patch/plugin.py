@@ -13,7 +13,10 @@ vLLM's hooks reach:
   `gemm.int8_gemv` is on (off: vLLM's own GPTQ path, which a V100 cannot run);
 - the SM70 attention backend, registered with vLLM's backend registry
   (`register_backend`) under SM70_PAGED (the name patch 0002 adds), or in the CUSTOM slot
-  of an unpatched vLLM, when its module `vllm_patch.attention` is present.
+  of an unpatched vLLM, only when `vllm_patch.attention` really defines the class
+  `Sm70PagedBackend` (a vLLM `AttentionBackend`); today it does not, so nothing is
+  registered and sm70ctl's settings refuse SM70_ATTENTION_BACKEND=SM70_PAGED
+  (`attention_backend_defined`, which reads the source without importing vLLM).
 
 What hooks cannot reach (the archs vLLM's own kernels are compiled for) is in the patch
 series, applied at build time. Nothing here imports vLLM at import time.
@@ -21,15 +24,21 @@ series, applied at build time. Nothing here imports vLLM at import time.
 
 from __future__ import annotations
 
+import ast
+import importlib
 import importlib.util
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("vllm_patch")
 
+# The entry point's name in pyproject.toml: what an explicit VLLM_PLUGINS must list.
+PLUGIN_NAME = "sm70"
 ATTENTION_MODULE = "vllm_patch.attention"
-ATTENTION_CLASS = "vllm_patch.attention.Sm70PagedBackend"
+ATTENTION_CLASS_NAME = "Sm70PagedBackend"
+ATTENTION_CLASS = f"{ATTENTION_MODULE}.{ATTENTION_CLASS_NAME}"
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
@@ -66,13 +75,57 @@ def _load_custom_ops() -> str:
     return load_prebuilt()
 
 
-def _register_attention_backend() -> str:
-    if importlib.util.find_spec(ATTENTION_MODULE) is None:
-        return f"absent ({ATTENTION_MODULE} not installed)"
+def _top_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def attention_backend_defined() -> bool:
+    """Whether `vllm_patch.attention` binds `Sm70PagedBackend` at its top level, read from
+    its source (pure of vLLM: sm70ctl's settings ask this where vLLM is not installed).
+
+    A folder without `__init__.py` (say, one holding only a README) is a namespace
+    package: `find_spec` finds it, but it defines nothing, so it does not count.
+    """
     try:
+        spec = importlib.util.find_spec(ATTENTION_MODULE)
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return False
+    try:
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return False
+    return ATTENTION_CLASS_NAME in _top_level_names(tree)
+
+
+def _register_attention_backend() -> str:
+    if not attention_backend_defined():
+        return f"absent ({ATTENTION_CLASS} is not defined)"
+    try:
+        from vllm.v1.attention.backend import AttentionBackend
         from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
     except ImportError:
         return "skipped (this vLLM has no register_backend)"
+    # The class itself, not just the module's name: vLLM imports this path when the
+    # backend is chosen, and a name that resolves to nothing fails only then.
+    try:
+        backend = getattr(importlib.import_module(ATTENTION_MODULE), ATTENTION_CLASS_NAME, None)
+    except ImportError as exc:
+        logger.warning("sm70 attention backend not registered: %s", exc)
+        return f"absent ({ATTENTION_MODULE} does not import: {exc})"
+    if not (isinstance(backend, type) and issubclass(backend, AttentionBackend)):
+        return f"absent ({ATTENTION_CLASS} is not a vLLM AttentionBackend class)"
     # A vLLM built by `sm70ctl build` has the SM70_PAGED name (patch 0002); an unpatched
     # one only offers the CUSTOM slot (then use --attention-backend CUSTOM).
     slot = getattr(AttentionBackendEnum, "SM70_PAGED", None) or AttentionBackendEnum.CUSTOM

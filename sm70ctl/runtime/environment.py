@@ -89,8 +89,14 @@ def vllm_env(
     probe_allreduce); when given, it sets NCCL_P2P_DISABLE and the plugin configuration's
     resolved `allreduce.mode` (fp16, int12 or nccl) instead of SM70_ALLREDUCE_MODE as set.
     """
+    from vllm_patch.plugin import PLUGIN_NAME
+
     s = settings
     env = {
+        # Our plugin by its entry-point name: an inherited VLLM_PLUGINS that left it out
+        # (empty, as the A/B's stock side runs) would put a V100 on vLLM's own GPTQ path,
+        # which needs compute capability 7.5.
+        "VLLM_PLUGINS": PLUGIN_NAME,
         "CUDA_DEVICE_ORDER": s.cuda_device_order,
         "CUDA_VISIBLE_DEVICES": visible_devices(s, gpu_indices),
         "TORCH_CUDA_ARCH_LIST": s.cuda_arch_list,

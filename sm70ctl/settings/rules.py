@@ -240,6 +240,24 @@ def _ngram(s: SettingsView) -> Problem | None:
     return None
 
 
+@rule("attention-backend-exists")
+def _attention_backend(s: SettingsView) -> Problem | None:
+    """Refused: `SM70_ATTENTION_BACKEND=SM70_PAGED` while the plugin has no backend class
+    behind the name (`vllm_patch.attention.Sm70PagedBackend`, issue 22).
+    """
+    if s.attention_backend != "SM70_PAGED":
+        return None
+    # Reads our own package's source, not vLLM (absent here): the same test the plugin
+    # makes before it registers the backend.
+    from vllm_patch.plugin import ATTENTION_CLASS, attention_backend_defined
+
+    if attention_backend_defined():
+        return None
+    return _p("SM70_ATTENTION_BACKEND", s.attention_backend,
+              f"the plugin defines no {ATTENTION_CLASS} yet, so vLLM would fail at start-up",
+              "TRITON_ATTN (vLLM's own backend) or FLEX_ATTENTION")
+
+
 def rules_table() -> list[tuple[str, str]]:
     """(rule id, when it refuses) for the docs."""
     return [
