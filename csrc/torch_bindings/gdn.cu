@@ -1,5 +1,5 @@
-// torch bindings of the Gated DeltaNet family (issue 23): torch.ops.sm70.gdn_recurrent_decode.
-// Checks the arguments, allocates the output and launches on the current stream. The
+// torch bindings of the Gated DeltaNet family (issue 23): torch.ops.sm70.gdn_recurrent_decode,
+// gdn_conv1d_update and gdn_conv1d_prefill. Checks the arguments, allocates the output and launches on the current stream. The
 // kernels and their layouts are described in gdn/*.cuh; vllm_patch/ops/reference_gdn.py
 // defines what they compute.
 #include <ATen/ATen.h>
@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "gdn/conv1d.cuh"
 #include "gdn/recurrent_decode.cuh"
 #include "torch_bindings/bindings_common.h"
 
@@ -155,9 +156,112 @@ Tensor gdn_recurrent_decode(const Tensor& qkv, const Tensor& a, const Tensor& b,
   return out;
 }
 
+// The arguments both conv ops share; fills everything in p but the mode's own pointer.
+Tensor conv_prepare(const Tensor& x, Tensor& conv_state, const Tensor& weight,
+                    const std::optional<Tensor>& bias, const Tensor& query_start_loc,
+                    const Tensor& state_indices, bool silu, sm70::GdnConvParams& p) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &conv_state, &weight,
+                                                              &query_start_loc, &state_indices})
+    SM70_CHECK_CUDA(*t);
+  SM70_CHECK_DTYPE(x, at::kHalf);
+  SM70_CHECK_DTYPE(conv_state, at::kHalf);
+  SM70_CHECK_DTYPE(weight, at::kHalf);
+  SM70_CHECK_DTYPE(query_start_loc, at::kInt);
+  SM70_CHECK_DTYPE(state_indices, at::kInt);
+  const int64_t T = x.size(0), D = x.dim() == 2 ? x.size(1) : -1;
+  check_rows(x, "x", T, D);
+  TORCH_CHECK(D > 0 && D % 2 == 0, "x must have an even number of channels, got " + num(D));
+  TORCH_CHECK(x.stride(0) % 2 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 4 == 0,
+              "x must be 4-byte aligned with an even token stride");
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == D && weight.size(1) == sm70::kConvWidth &&
+                  weight.is_contiguous(),
+              "weight must be a contiguous [" + num(D) + ", 4]");
+  check_aligned16(weight, "weight");
+  TORCH_CHECK(conv_state.dim() == 3 && conv_state.size(1) >= 3,
+              "conv_state must be [slots, 3 + k, D] (vLLM's SD layout)");
+  check_slots(conv_state, "conv_state", {conv_state.size(1), D});
+  TORCH_CHECK(conv_state.stride(0) % 2 == 0 &&
+                  reinterpret_cast<uintptr_t>(conv_state.data_ptr()) % 4 == 0,
+              "conv_state must be 4-byte aligned with an even slot stride");
+  const int64_t N = query_start_loc.numel() - 1;
+  TORCH_CHECK(query_start_loc.dim() == 1 && query_start_loc.is_contiguous() && N >= 0,
+              "query_start_loc must be a contiguous [N + 1]");
+  TORCH_CHECK(N <= 65535, "at most 65535 sequences per call, got " + num(N));
+  TORCH_CHECK((state_indices.dim() == 1 || state_indices.dim() == 2) &&
+                  state_indices.size(0) == N,
+              "state_indices must be [N] or [N, 1 + k] with N = " + num(N));
+  p.bias = nullptr;
+  if (bias.has_value()) {
+    SM70_CHECK_CUDA(*bias);
+    SM70_CHECK_DTYPE(*bias, at::kHalf);
+    TORCH_CHECK(bias->dim() == 1 && bias->numel() == D && bias->is_contiguous(),
+                "bias must be a contiguous [" + num(D) + "]");
+    p.bias = hptr(*bias);
+  }
+  Tensor out = at::empty({T, D}, x.options());
+  p.x = hptr(x);
+  p.x_stride = x.stride(0);
+  p.out = hptr_mut(out);
+  p.state = hptr_mut(conv_state);
+  p.state_slot_stride = conv_state.stride(0);
+  p.state_rows = (int)conv_state.size(1);
+  p.weight = hptr(weight);
+  p.query_start_loc = query_start_loc.data_ptr<int32_t>();
+  p.state_indices = state_indices.data_ptr<int32_t>();
+  p.indices_stride = state_indices.dim() == 2 ? state_indices.stride(0) : 1;
+  p.dim = (int)D;
+  p.silu = silu;
+  return out;
+}
+
+Tensor gdn_conv1d_update(const Tensor& x, Tensor& conv_state, const Tensor& weight,
+                         const std::optional<Tensor>& bias, const Tensor& query_start_loc,
+                         const Tensor& state_indices, const std::optional<Tensor>& num_accepted,
+                         bool silu) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  sm70::GdnConvParams p{};
+  Tensor out = conv_prepare(x, conv_state, weight, bias, query_start_loc, state_indices, silu, p);
+  if (num_accepted.has_value()) {
+    SM70_CHECK_CUDA(*num_accepted);
+    SM70_CHECK_DTYPE(*num_accepted, at::kInt);
+    TORCH_CHECK(num_accepted->dim() == 1 && num_accepted->numel() == state_indices.size(0) &&
+                    num_accepted->is_contiguous(),
+                "num_accepted must be a contiguous [N]");
+    p.num_accepted = num_accepted->data_ptr<int32_t>();
+  }
+  sm70::launch_gdn_conv1d_update(p, (int)state_indices.size(0),
+                                 c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+Tensor gdn_conv1d_prefill(const Tensor& x, Tensor& conv_state, const Tensor& weight,
+                          const std::optional<Tensor>& bias, const Tensor& query_start_loc,
+                          const Tensor& state_indices,
+                          const std::optional<Tensor>& has_initial_state, bool silu) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  sm70::GdnConvParams p{};
+  Tensor out = conv_prepare(x, conv_state, weight, bias, query_start_loc, state_indices, silu, p);
+  if (has_initial_state.has_value()) {
+    SM70_CHECK_CUDA(*has_initial_state);
+    SM70_CHECK_DTYPE(*has_initial_state, at::kBool);
+    TORCH_CHECK(has_initial_state->dim() == 1 &&
+                    has_initial_state->numel() == state_indices.size(0) &&
+                    has_initial_state->is_contiguous(),
+                "has_initial_state must be a contiguous [N] bool");
+    p.has_initial_state = has_initial_state->data_ptr<bool>();
+  }
+  sm70::launch_gdn_conv1d_prefill(p, (int)state_indices.size(0), x.size(0),
+                                  c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
 }  // namespace
 }  // namespace sm70_bindings
 
 TORCH_LIBRARY_IMPL(sm70, CUDA, m) {
   m.impl("gdn_recurrent_decode", &sm70_bindings::gdn_recurrent_decode);
+  m.impl("gdn_conv1d_update", &sm70_bindings::gdn_conv1d_update);
+  m.impl("gdn_conv1d_prefill", &sm70_bindings::gdn_conv1d_prefill);
 }

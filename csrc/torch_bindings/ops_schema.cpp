@@ -66,4 +66,11 @@ TORCH_LIBRARY(sm70, m) {
       "gdn_recurrent_decode(Tensor qkv, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias, "
       "Tensor(a!) state, Tensor(b!)? state_scale, Tensor query_start_loc, "
       "Tensor state_indices, Tensor? num_accepted, int num_k_heads, float scale) -> Tensor");
+  m.def(
+      "gdn_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, "
+      "Tensor query_start_loc, Tensor state_indices, Tensor? num_accepted, bool silu) -> Tensor");
+  m.def(
+      "gdn_conv1d_prefill(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, "
+      "Tensor query_start_loc, Tensor state_indices, Tensor? has_initial_state, bool silu) "
+      "-> Tensor");
 }

@@ -68,6 +68,9 @@ VARIANTS: tuple[KernelVariant, ...] = (
     # Gated DeltaNet recurrent decode (1 + k tokens per sequence), float32 or int16 state
     *(KernelVariant(GDN_DECODE, f"sm70::gdn_recurrent_kernel<{s}>", 128)
       for s in ("float", "short")),
+    # its causal conv1d (width 4): the decode-side update and the varlen prefill
+    *(KernelVariant("gdn/conv1d.cuh", f"sm70::gdn_conv1d_{m}_kernel", 128)
+      for m in ("update", "prefill")),
 )
 
 # The H200 timing instantiations (m16n8k16), compiled for sm_90 by the resource report: the

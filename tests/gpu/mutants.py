@@ -32,6 +32,7 @@ GEMV = "tests/gpu/test_gemv_gpu.py"
 ATTN = "tests/gpu/test_attention_gpu.py"
 GDN = "tests/gpu/test_gdn_gpu.py"
 GDN_DECODE = "gdn/recurrent_decode.cuh"
+GDN_CONV = "gdn/conv1d.cuh"
 KV_CONTROL = (ATTN, "test_kv_int8_write", {"block_size": 16})
 
 
@@ -210,6 +211,26 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         (KV_CONTROL, (GDN, "test_gdn_recurrent_model_shapes",
                       {"heads": "tp2", "mode": "mtp", "state_dtype": "float32"})),
+    ),
+    Mutant(
+        "gdn-conv-update-ignores-accepted",
+        "the conv update always reads its window from state row 0, as if every draft token "
+        "had been rejected (num_accepted ignored)",
+        (Edit(GDN_CONV,
+              r"const int off = spec \? min\(max\(p\.num_accepted\[n\] - 1, 0\), "
+              r"p\.state_rows - 3\) : 0;", "const int off = 0;", 1),),
+        ((GDN, "test_gdn_conv1d_update", {"heads": "tp2", "mode": "mtp"}),
+         (GDN, "test_gdn_conv1d_update", {"heads": "tp1", "mode": "mtp"})),
+        (KV_CONTROL, (GDN, "test_gdn_conv1d_update", {"heads": "tp2", "mode": "decode"})),
+    ),
+    Mutant(
+        "gdn-conv-prefill-chunk-window-shifted",
+        "the conv prefill's later chunks read their window one token late (x[s-2..s] "
+        "instead of x[s-3..s-1])",
+        (Edit(GDN_CONV, r"win\[j\] = ld_h2\(x \+ \(int64_t\)\(s - 3 \+ j\)",
+              "win[j] = ld_h2(x + (int64_t)(s - 2 + j)", 1),),
+        ((GDN, "test_gdn_conv1d_prefill", {"lens": [1, 2, 3, 5, 64, 65, 200, 3000]}),
+         (GDN, "test_gdn_conv1d_prefill", {"lens": [6000]})),
     ),
 )
 

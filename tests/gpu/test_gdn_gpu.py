@@ -198,3 +198,105 @@ def test_gdn_recurrent_rejects_bad_arguments() -> None:
     with pytest.raises(RuntimeError, match="state_indices"):
         kernels.gdn_recurrent_decode(qkv, a, b, a_log, dt_bias, state, qsl, idx[:1], None, h,
                                      SCALE)
+
+
+# ------------------------------------------------------------------ causal conv1d
+# y = silu(s), s = bias + 4 fp32 FMAs: |delta s| <= 5 2^-24 S (S = |bias| + sum |w x|),
+# silu' <= 1.1, silu's exp and division a few 2^-24 |y|, then the fp16 output: the bound
+# is u |want| + 2^-20 S + 2^-24 (the fp16 subnormal step). The state rows are copies of
+# fp16 inputs: equal bit for bit.
+CONV_DIM = {"tp2": 5120, "tp1": 10240}
+MTP_K = 3
+
+
+def conv_operands(dim: int, tokens: int, slots: int, gen: torch.Generator):
+    x_wide = torch.randn(tokens, dim + 64, generator=gen, device="cuda").half()
+    x = x_wide[:, :dim]  # a row stride wider than D, as a view into the projection
+    rows = 3 + MTP_K
+    raw = torch.randn(slots, rows * dim + 128, generator=gen, device="cuda").half()
+    state = raw[:, : rows * dim].view(slots, rows, dim)
+    weight = (torch.randn(dim, 4, generator=gen, device="cuda") * 0.5).half()
+    bias = (torch.randn(dim, generator=gen, device="cuda") * 0.1).half()
+    return x, state, weight, bias
+
+
+def conv_bound(x, state_before, weight, bias, want: torch.Tensor) -> torch.Tensor:
+    """2^-20 S with S bounded by (|bias| + 4 max|w| max|input|) per channel (pure bound)."""
+    top = max(float(x.abs().max()), float(state_before.abs().max()))
+    s = bias.double().abs().cpu() + 4 * weight.double().abs().amax(dim=1).cpu() * top
+    return FP16_U * want.abs() + 2.0**-20 * s + 2.0**-24
+
+
+def check_conv(out, want, bound, state, ref_state, before, named: set[int], what) -> None:
+    assert out.shape == want.shape and out.dtype == torch.float16
+    ratio = float(((out.cpu().double() - want).abs() / bound).max())
+    record("gdn_conv_error_over_bound", ratio)
+    assert ratio <= 1.0, (f"conv error {ratio:.3g}x its bound", what)
+    assert torch.equal(state.cpu(), ref_state), ("conv state differs", what)
+    others = [s for s in range(state.shape[0]) if s not in named]
+    assert torch.equal(state[others], before[others]), "a slot no sequence names changed"
+
+
+@pytest.mark.parametrize("mode", ["decode", "mtp"])
+@pytest.mark.parametrize("heads", sorted(CONV_DIM))
+def test_gdn_conv1d_update(heads: str, mode: str) -> None:
+    dim = CONV_DIM[heads]
+    gen = torch.Generator(device="cuda").manual_seed(21 + ("decode", "mtp").index(mode))
+    batch = 16
+    lens, idx, acc = layout(mode, batch, gen)
+    qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    slots = int(idx.max()) + 3
+    x, state, weight, bias = conv_operands(dim, int(qsl[-1]), slots, gen)
+    before = state.clone()
+    ref_state = state.cpu()
+    want = ref.conv1d_update_reference(x.cpu(), ref_state, weight.cpu(), bias.cpu(), qsl, idx,
+                                       None if acc is None else acc.cpu())
+    poison(x.numel() * 2)
+    out = kernels.gdn_conv1d_update(x, state, weight, bias, qsl.cuda(), idx.cuda(), acc)
+    torch.cuda.synchronize()
+    named = set(idx.view(batch, -1)[:, 0].tolist())
+    check_conv(out, want, conv_bound(x, before, weight, bias, want), state, ref_state, before,
+               named, (heads, mode))
+
+
+@pytest.mark.parametrize("lens", [[1, 2, 3, 5, 64, 65, 200, 3000], [6000]],
+                         ids=["varlen", "one-long"])
+def test_gdn_conv1d_prefill(lens: list[int]) -> None:
+    """Chunks of 64 tokens: a window read across a chunk edge, sequences shorter than the
+    window (the state keeps part of the initial one), with and without initial state."""
+    dim = CONV_DIM["tp2"]
+    gen = torch.Generator(device="cuda").manual_seed(31 + len(lens))
+    lens = [*lens, 0, 7]  # an empty sequence, and a padding one (slot 0)
+    batch = len(lens)
+    qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    idx = torch.arange(1, batch + 1, dtype=torch.int32) * 2
+    idx[-1] = 0
+    has_init = torch.tensor([i % 2 == 0 for i in range(batch)], dtype=torch.bool)
+    x, state, weight, bias = conv_operands(dim, int(qsl[-1]), int(idx.max()) + 2, gen)
+    before = state.clone()
+    ref_state = state.cpu()
+    want = ref.conv1d_prefill_reference(x.cpu(), ref_state, weight.cpu(), bias.cpu(), qsl, idx,
+                                        has_init)
+    poison(x.numel() * 2)
+    out = kernels.gdn_conv1d_prefill(x, state, weight, bias, qsl.cuda(), idx.cuda(),
+                                     has_init.cuda())
+    torch.cuda.synchronize()
+    check_conv(out, want, conv_bound(x, before, weight, bias, want), state, ref_state, before,
+               set(idx.tolist()), lens)
+
+
+def test_gdn_conv1d_without_bias_or_silu() -> None:
+    dim = CONV_DIM["tp2"]
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
+    idx = torch.tensor([1, 2], dtype=torch.int32)
+    x, state, weight, _ = conv_operands(dim, 2, 3, gen)
+    before = state.clone()
+    ref_state = state.cpu()
+    want = ref.conv1d_update_reference(x.cpu(), ref_state, weight.cpu(), None, qsl, idx,
+                                       silu=False)
+    out = kernels.gdn_conv1d_update(x, state, weight, None, qsl.cuda(), idx.cuda(), silu=False)
+    torch.cuda.synchronize()
+    zero = torch.zeros(dim, dtype=torch.float16, device="cuda")
+    check_conv(out, want, conv_bound(x, before, weight, zero, want), state, ref_state, before,
+               {1, 2}, "no bias, no silu")

@@ -122,3 +122,39 @@ def gdn_recurrent_decode(
         qkv, a, b, A_log, dt_bias, state, state_scale, query_start_loc, state_indices,
         num_accepted, num_k_heads, scale,
     )
+
+
+def gdn_conv1d_update(
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    query_start_loc: Tensor,
+    state_indices: Tensor,
+    num_accepted: Tensor | None = None,
+    silu: bool = True,
+) -> Tensor:
+    """Decode-side causal conv (width 4) of x [T, D] fp16, 1 + k tokens per sequence, over
+    the window in conv_state [slots, 3 + k, D] (vLLM's SD layout) at state_indices' column
+    0, which it advances in place (reference_gdn.conv1d_update_reference defines it)."""
+    return _ops().gdn_conv1d_update(
+        x, conv_state, weight, bias, query_start_loc, state_indices, num_accepted, silu
+    )
+
+
+def gdn_conv1d_prefill(
+    x: Tensor,
+    conv_state: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    query_start_loc: Tensor,
+    state_indices: Tensor,
+    has_initial_state: Tensor | None,
+    silu: bool = True,
+) -> Tensor:
+    """Prefill causal conv (width 4) of varlen sequences in x [T, D] fp16, each starting from
+    its state's window where has_initial_state and leaving its last 3 inputs there
+    (reference_gdn.conv1d_prefill_reference defines it)."""
+    return _ops().gdn_conv1d_prefill(
+        x, conv_state, weight, bias, query_start_loc, state_indices, has_initial_state, silu
+    )
