@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sm70ctl.errors import Sm70Error
 from sm70ctl.runtime.secrets import secrets_path
+from sm70ctl.runtime.spec_flag import speculative_config_words
 from sm70ctl.secrets import mask_argv
 from sm70ctl.settings.typed import SettingsView
 
@@ -104,7 +106,23 @@ def vllm_argv(settings: SettingsView, *, secrets_file: Path | None = None) -> li
     argv.append("--async-scheduling" if s.async_scheduling else "--no-async-scheduling")
     if s.api_key is not None:
         argv += ["--config", str(secrets_file or secrets_path(s))]
+    _check_one_speculative_config(s, argv, 0 if spec is None else 1)
     return argv
+
+
+def _check_one_speculative_config(s: SettingsView, argv: list[str], want: int) -> None:
+    """vLLM keeps the last --speculative-config with only a warning (runtime/spec_flag.py),
+    so a setting's value that vLLM reads as one more is refused here."""
+    words = speculative_config_words(argv)
+    if len(words) == want:
+        return
+    free_form = {str(s.model_dir): "SM70_MODEL_DIR", s.generation_config: "SM70_GENERATION_CONFIG"}
+    named = [f"{free_form[w]}={w!r}" for w in words if w in free_form]
+    raise Sm70Error(
+        f"the vLLM command line would carry --speculative-config {len(words)} times "
+        f"(want {want}): {', '.join(named) or ', '.join(map(repr, words))} reads as that flag",
+        hint="vLLM 0.22.1 keeps the last copy with only a warning; give the setting a value "
+             "that does not start with '-'")
 
 
 def redact_argv(argv: Sequence[str]) -> list[str]:
