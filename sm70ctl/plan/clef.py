@@ -3,13 +3,17 @@
 Clef differs from the base model only in decoder layers 40-63 by a rank-r change over 186
 linears (a merged LoRA): in each full-attention layer q, k, v, o, gate, up, down (7), in each
 Gated DeltaNet layer in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj, gate, up, down
-(8); 6 x 7 + 18 x 8 = 186. We keep the factors A (r x in) and B (out x r) in fp16, sharded the
-way vLLM shards LoRA: a column-parallel layer keeps A whole and splits B's rows, a
-row-parallel one splits A's columns and keeps B whole; in both cases one GPU holds
+(8); 6 x 7 + 18 x 8 = 186. The factors are those of SM70_CLEF_DIR's format (docs/clef.md,
+vllm_patch/clef): A [r, in] and B [out, r] in fp16, one pair per checkpoint module (a fused
+layer carries one per slice). A column-parallel layer keeps A whole and splits B's rows
+(in_proj_qkv part by part, as vLLM splits q, k and v: the same byte count as a plain
+split), a row-parallel one splits A's columns and keeps B whole; in both cases one GPU holds
 r x (rows + cols) values where rows x cols is that GPU's shard of the base weight.
+tests/test_clef_plan.py holds this count equal to the format's shard shapes.
 
 The schema head (about 65-128M parameters) reads the final hidden states; we plan the upper
-figure, 128,000,000 parameters in fp16, whole on the last pipeline stage's GPUs.
+figure, 128,000,000 parameters in fp16, whole on the last pipeline stage's GPUs; the loader
+refuses a head above it (vllm_patch.clef.head.MAX_HEAD_PARAMS).
 """
 
 from __future__ import annotations
