@@ -300,3 +300,71 @@ def test_gdn_conv1d_without_bias_or_silu() -> None:
     zero = torch.zeros(dim, dtype=torch.float16, device="cuda")
     check_conv(out, want, conv_bound(x, before, weight, zero, want), state, ref_state, before,
                {1, 2}, "no bias, no silu")
+
+
+def test_gdn_ops_replay_in_a_cuda_graph() -> None:
+    """vLLM captures GDN decode steps in full CUDA graphs: capture the conv update and the
+    recurrent step once, refill the static inputs, replay, and check both against the
+    references on the new inputs (a kernel reading a host value at capture would not)."""
+    h, hv = HEADS["tp2"]
+    dim = CONV_DIM["tp2"]
+    gen = torch.Generator(device="cuda").manual_seed(51)
+    batch = 6
+    lens, idx, acc = layout("mtp", batch, gen)
+    qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    tokens, slots = int(qsl[-1]), int(idx.max()) + 2
+    x, conv_state, weight, bias = conv_operands(dim, tokens, slots, gen)
+    state, _ = make_state(slots, hv, "float32", gen)
+    _, a, b, a_log, dt_bias = make_inputs(h, hv, tokens, gen)
+    qsl_d, idx_d = qsl.cuda(), idx.cuda()
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        qkv = kernels.gdn_conv1d_update(x, conv_state, weight, bias, qsl_d, idx_d, acc)
+        return qkv, kernels.gdn_recurrent_decode(qkv, a, b, a_log, dt_bias, state, qsl_d,
+                                                 idx_d, acc, h, SCALE)
+
+    conv0, state0 = conv_state.clone(), state.clone()
+    step()  # loads the ops and runs once outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        qkv_out, out = step()
+    fresh = torch.Generator(device="cuda").manual_seed(52)
+    x.copy_(torch.randn(x.shape, generator=fresh, device="cuda").half())
+    a.copy_(torch.randn(a.shape, generator=fresh, device="cuda").half())
+    conv_state.copy_(conv0)
+    state.copy_(state0)
+    graph.replay()
+    torch.cuda.synchronize()
+
+    ref_conv = conv0.cpu()
+    want_qkv = ref.conv1d_update_reference(x.cpu(), ref_conv, weight.cpu(), bias.cpu(), qsl,
+                                           idx, acc.cpu())
+    check_conv(qkv_out, want_qkv, conv_bound(x, conv0, weight, bias, want_qkv), conv_state,
+               ref_conv, conv0, set(idx[:, 0].tolist()), "graph replay")
+    ref_state = state0.cpu().double()
+    want = ref.gdn_recurrent_reference(qkv_out.cpu(), a.cpu(), b.cpu(), a_log.cpu(),
+                                       dt_bias.cpu(), ref_state, qsl, idx, acc.cpu(), h, SCALE)
+    m = (max(float(state0.norm(dim=-1).max()), float(ref_state.norm(dim=-1).max()))
+         + float(qkv_out.abs().max()))
+    bound = FP16_U * want.abs() + (4 * 2.0**-17 + 2.0**-18) * SCALE * m
+    ratio = float(((out.cpu().double() - want).abs() / bound).max())
+    record("gdn_out_error_over_bound", ratio)
+    assert ratio <= 1.0, f"graph replay output error {ratio:.3g}x its bound"
+    assert torch.allclose(state.cpu().double(), ref_state, rtol=0, atol=4 * 2.0**-17 * m)
+
+
+def test_gdn_conv1d_rejects_bad_arguments() -> None:
+    dim = CONV_DIM["tp2"]
+    gen = torch.Generator(device="cuda").manual_seed(61)
+    x, state, weight, bias = conv_operands(dim, 2, 3, gen)
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32, device="cuda")
+    idx = torch.tensor([1, 2], dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="weight must be"):
+        kernels.gdn_conv1d_update(x, state, weight[:, :3], bias, qsl, idx)
+    with pytest.raises(RuntimeError, match="conv_state"):
+        kernels.gdn_conv1d_update(x, state.transpose(1, 2), weight, bias, qsl, idx)
+    with pytest.raises(RuntimeError, match="has_initial_state"):
+        kernels.gdn_conv1d_prefill(x, state, weight, bias, qsl, idx,
+                                   torch.ones(2, dtype=torch.int32, device="cuda"))
+    with pytest.raises(RuntimeError, match="state_indices"):
+        kernels.gdn_conv1d_update(x, state, weight, bias, qsl, idx[:1])
