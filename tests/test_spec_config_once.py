@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -102,12 +103,15 @@ def test_the_detector_knows_each_spelling() -> None:
         assert not reads_as_speculative_config(word)
 
 
-@pytest.mark.parametrize("command", ["serve", "warmup"])
-def test_cli_takes_no_vllm_flags_through(command: str) -> None:
+@pytest.mark.parametrize("command", [["serve", "--dry-run"], ["warmup", "--check"]])
+def test_cli_takes_no_vllm_flags_through(command: list[str], tmp_path: Path) -> None:
     runner = CliRunner()
+    env = {"SM70_MODEL_DIR": "/m", "SM70_CACHE_DIR": str(tmp_path / "cache"),
+           "SM70_LOCK_DIR": str(tmp_path / "locks"), "SM70_LOG_DIR": str(tmp_path / "logs")}
+    control = runner.invoke(app, command, env=env)
+    assert control.exit_code != 2, control.output  # the command itself is no usage error
     for extra in (["--speculative-config", K1], ["--", "--speculative-config", K1], ["-sc", K1]):
-        result = runner.invoke(app, [command, "--dry-run", *extra],
-                               env={"SM70_MODEL_DIR": "/m"})
+        result = runner.invoke(app, [*command, *extra], env=env)
         assert result.exit_code == 2, (extra, result.output)
         assert "No such option" in result.output or "unexpected extra argument" in result.output
 
