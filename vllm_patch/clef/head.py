@@ -82,8 +82,8 @@ def parse_head_config(raw: Any, hidden_size: int, where: str = "clef.json: head"
         raise ClefError(f"{where}.width = {values['width']} is not divisible by "
                         f"attention_heads = {values['attention_heads']}")
     kinds = raw["kinds"]
-    if (not isinstance(kinds, list) or not kinds or len(set(kinds)) != len(kinds)
-            or any(k not in KINDS for k in kinds)):
+    if (not isinstance(kinds, list) or not kinds or any(k not in KINDS for k in kinds)
+            or len(set(kinds)) != len(kinds)):
         raise ClefError(f"{where}.kinds = {kinds!r}: a non-empty list of distinct kinds "
                         f"from {list(KINDS)}")
     cfg = HeadConfig(kinds=tuple(kinds), **values)

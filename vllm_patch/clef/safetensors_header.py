@@ -38,7 +38,7 @@ def _entry(file: str, name: str, raw: Any, base: int) -> TensorInfo:
     if not isinstance(raw, dict) or set(raw) != {"dtype", "shape", "data_offsets"}:
         raise ClefError(f"{where}: header entry must have exactly dtype, shape, data_offsets")
     dtype, shape, offsets = raw["dtype"], raw["shape"], raw["data_offsets"]
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ClefError(f"{where}: dtype {dtype!r} is not a safetensors dtype")
     if not isinstance(shape, list) or not all(
             isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
@@ -68,8 +68,8 @@ def parse_header(data: bytes, file_size: int, file: str) -> tuple[dict[str, Tens
         raise ClefError(f"{file}: header truncated")
     try:
         header = json.loads(data[8:8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ClefError(f"{file}: header is not UTF-8 JSON ({exc})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ClefError(f"{file}: header is not UTF-8 JSON ({type(exc).__name__})") from None
     if not isinstance(header, dict):
         raise ClefError(f"{file}: header is not a JSON object")
     meta = header.pop("__metadata__", {})

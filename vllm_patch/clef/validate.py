@@ -137,10 +137,12 @@ def read_manifest(folder: Path) -> Any:
     except FileNotFoundError:
         raise ClefError(f"{folder}: has no {MANIFEST} (is SM70_CLEF_DIR a Clef folder?)"
                         ) from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        if isinstance(exc, ClefError):
-            raise
-        raise ClefError(f"{MANIFEST}: cannot be read as JSON ({exc})") from None
+    except ClefError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # a deeply nested document overflows the parser's recursion: refused like bad JSON
+        raise ClefError(f"{MANIFEST}: cannot be read as JSON ({type(exc).__name__})"
+                        ) from None
 
 
 def validate_clef_dir(folder: Path, model_config: Mapping[str, Any], rank: int | None = None,
