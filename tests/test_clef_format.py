@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -314,3 +315,18 @@ def test_agrees_with_the_safetensors_library(tmp_path: Path) -> None:
     theirs, meta = read_header(out)
     assert {k: t.shape for k, t in theirs.items()} == {"w": (2, 3), "v": (5,)}
     assert meta == {"k": "v"}
+
+
+def test_writer_command_line(tmp_path: Path) -> None:
+    script = ROOT / "tests" / "clef_fixture.py"
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "c")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert len(validate_clef_dir(tmp_path / "c", TINY_CONFIG, rank=8).corrections) == 186
+    r = subprocess.run([sys.executable, str(script), "--spec"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    spec = json.loads(r.stdout)
+    assert spec == json.loads(json.dumps(real_spec(REAL)))
+    assert len(spec["tensors"]) == 2 * 186 + len([n for n in spec["tensors"]
+                                                  if n.startswith("head.")])
