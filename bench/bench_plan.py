@@ -19,10 +19,13 @@ from sm70ctl.plan.model_config import builtin_config_path, load_config
 from sm70ctl.plan.plan import PlanInputs, compute_plan
 
 GPUS = ["2x16GiB", "2x24GiB", "2xv100", "2x32GiB", "2x48GiB"]
+# The first variants are the served path (what vLLM 0.22.1 allocates today); the "target"
+# ones plan the not-yet-served design of issue 23 (int16 state, split pools, x8 slots).
 VARIANTS = {
     "reference (pool auto)": {},
-    "fp32 GDN state": {"gdn_state_dtype": "float32"},
-    "unified pools": {"split_pools": False},
+    "target: int16 state, split pools": {"path": "target"},
+    "target: fp32 state, split pools": {"path": "target", "gdn_state_dtype": "float32"},
+    "target: int16 state, unified pool": {"path": "target", "split_pools": False},
     "no MTP": {"spec_method": "none"},
     "text only, no MTP": {"spec_method": "none", "limit_images": 0, "limit_videos": 0},
     "Clef on": {"clef": True},
