@@ -143,3 +143,18 @@ def test_bad_rank_and_indivisible_heads() -> None:
     with pytest.raises(ClefError, match=r"in_proj_qkv \(output features\): 2 heads cannot be "
                                         r"split over TP=4"):
         shard(TINY["layers.40.linear_attn.in_proj_qkv"], 4, 0)
+
+
+def test_slice_offsets_in_the_fused_output() -> None:
+    from vllm_patch.clef.layout import fused_slices
+    from vllm_patch.clef.sharding import slice_offsets
+
+    tiny = fused_slices(list(TINY.values()))
+    assert slice_offsets(tiny[(40, "linear_attn.in_proj_qkvz")], 2) == [(0, 32), (32, 48)]
+    assert slice_offsets(tiny[(43, "self_attn.qkv_proj")], 2) == [(0, 32), (32, 48), (48, 64)]
+    real = fused_slices(list(REAL.values()))
+    # vLLM's qkv_proj per rank at TP=2: 12 gated heads (6144 rows), 2 + 2 KV heads of 256
+    assert slice_offsets(real[(43, "self_attn.qkv_proj")], 2) == [(0, 6144), (6144, 6656),
+                                                                   (6656, 7168)]
+    assert slice_offsets(real[(40, "mlp.gate_up_proj")], 1) == [(0, 17408), (17408, 34816)]
+    assert slice_offsets(real[(40, "linear_attn.in_proj_ba")], 2) == [(0, 24), (24, 48)]

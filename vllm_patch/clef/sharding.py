@@ -84,3 +84,19 @@ def shard_bytes(c: Correction, rank: int, tp: int, elem_bytes: int = 2) -> int:
     s = shard(c, tp, 0)
     (ra, ka), (nb, rb) = s.a_shape(rank), s.b_shape(rank)
     return (ra * ka + nb * rb) * elem_bytes
+
+
+def slice_offsets(group: list[Correction], tp: int) -> list[tuple[int, int]]:
+    """Where each slice's corrected rows sit in its fused layer's output on one rank.
+
+    vLLM's merged column-parallel layers lay one rank's output out as the rank's part of
+    each slice in slice order (qkv_proj: q, k, v; in_proj_qkvz: in_proj_qkv's q, k, v, then
+    z), so slice i's rows start where the slices before it end. `group` is one fused
+    layer's corrections in slice order (`layout.fused_slices`)."""
+    out: list[tuple[int, int]] = []
+    pos = 0
+    for c in group:
+        n = shard(c, tp, 0).b_shape(1)[0]
+        out.append((pos, pos + n))
+        pos += n
+    return out
