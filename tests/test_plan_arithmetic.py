@@ -64,18 +64,19 @@ def test_weights_per_class_by_hand(model):
     assert _item(p, "weights.lm_head") == 1_271_398_400
     # q (with gate) 24 x 256 x 2 / 2 = 6144, k and v 2 x 256 = 512 each; fp16; 16 layers
     assert _item(p, "weights.attn.qkv") == 16 * (6144 + 512 + 512) * 5120 * 2
-    # o_proj int8 GPTQ, row-parallel: 3072 inputs (24 groups of 128) x 5120 outputs
-    o = 3072 * 5120 + 24 * 5120 * 2 + 24 * 5120  # qweight + fp16 scales + packed zeros
+    # o_proj int8, row-parallel: 3072 inputs (24 groups of 128) x 5120 outputs, in the
+    # plugin's layout: qw uint8 [n, k] + sz fp16 [n, k/128, 2] (scale, zero)
+    o = 3072 * 5120 + 24 * 5120 * 4
     assert _item(p, "weights.attn.o_proj") == 16 * o
     # MLP: gate and up column-parallel 5120 -> 8704 (40 groups), down row-parallel 8704
     # (68 groups) -> 5120; int8 in layers 1-63, fp16 in layer 0 (quant config exception)
-    gate = 5120 * 8704 + 40 * 8704 * 2 + 40 * 8704
-    down = 8704 * 5120 + 68 * 5120 * 2 + 68 * 5120
+    gate = 5120 * 8704 + 40 * 8704 * 4
+    down = 8704 * 5120 + 68 * 5120 * 4
     assert _item(p, "weights.mlp") == 63 * (2 * gate + down) + 3 * 5120 * 8704 * 2
-    assert _item(p, "weights.mlp") == 8_887_480_320
+    assert _item(p, "weights.mlp") == 8_953_282_560
     # GDN in_proj: qkv 10240/2 = 5120 and z 6144/2 = 3072 outputs, int8, 47 layers; fp16 layer 0
-    qkv = 5120 * 5120 + 40 * 5120 * 2 + 40 * 5120
-    z = 5120 * 3072 + 40 * 3072 * 2 + 40 * 3072
+    qkv = 5120 * 5120 + 40 * 5120 * 4
+    z = 5120 * 3072 + 40 * 3072 * 4
     assert _item(p, "weights.gdn.in_proj") == 47 * (qkv + z) + (5120 + 3072) * 5120 * 2
     # in_proj_b and in_proj_a stay fp16 everywhere: 2 x 24 outputs x 5120, 48 layers
     assert _item(p, "weights.gdn.in_proj_ba") == 48 * 2 * 24 * 5120 * 2
@@ -84,9 +85,9 @@ def test_weights_per_class_by_hand(model):
 def test_int8_lm_head_saves_about_620_mb(model):
     fp16 = _item(_plan(model, int8_lm_head=False), "weights.lm_head")
     int8 = _item(_plan(model, int8_lm_head=True), "weights.lm_head")
-    # int8 values + one fp16 scale per 128 inputs per row
-    assert int8 == 124_160 * 5120 + 124_160 * (5120 // 128) * 2 == 645_632_000
-    assert fp16 - int8 == 625_766_400  # 626 MB (FACTS: "about 620 MB")
+    # uint8 codes + one fp16 (scale, zero) per row (the plugin quantises each row whole)
+    assert int8 == 124_160 * 5120 + 124_160 * 4 == 636_195_840
+    assert fp16 - int8 == 635_202_560  # 635 MB (FACTS: "about 620 MB")
 
 
 def test_reference_pool_holds_262144_tokens(model):
@@ -181,8 +182,8 @@ def test_pipeline_parallel_splits_layers(model):
     assert p.gpus[0].layout.kv_bytes_per_token == 8 * 2 * 4 * 260
     assert p.gpus[1].layout.kv_bytes_per_token == 9 * 2 * 4 * 260
     # MLP of 31 int8 layers (TP 1: 40 groups in, 17408 out) + fp16 layer 0 on stage 0
-    gate = 5120 * 17408 + 40 * 17408 * 3
-    down = 17408 * 5120 + 136 * 5120 * 3
+    gate = 5120 * 17408 + 40 * 17408 * 4
+    down = 17408 * 5120 + 136 * 5120 * 4
     assert _item(p, "weights.mlp", 0) == 31 * (2 * gate + down) + 3 * 5120 * 17408 * 2
     assert _item(p, "weights.mlp", 1) == 32 * (2 * gate + down)
 

@@ -80,27 +80,42 @@ def test_builtin_plan_has_no_fused_name_warnings():
     assert [w for w in p.warnings if not w.startswith("plan path")] == []
 
 
-def test_quant_rules_boundaries_overrides_and_fused_mismatch():
+def _quantised_tiny(quant: dict) -> object:
     cfg = copy.deepcopy(TINY)
-    cfg["quantization_config"] = {
-        "quant_method": "gptq", "bits": 8, "group_size": 128, "sym": True, "desc_act": False,
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 8, "group_size": 128,
+                                  "sym": True, "desc_act": False, **quant}
+    return parse_config(cfg)
+
+
+def test_quant_rules_boundaries_and_the_plugin_layout():
+    m = _quantised_tiny({
         "modules_to_not_convert": ["model.layers.1.mlp"],
-        "dynamic": {"-:.*self_attn\\.q_proj$": {}, "+:.*down_proj": {"bits": 4}},
-    }
-    m = parse_config(cfg)
+        "dynamic": {"-:.*self_attn\\.(q_proj|k_proj|v_proj|qkv_proj)$": {}},
+    })
     q = m.quant
     assert q.scheme_for("model.layers.1.mlp.up_proj") is None
     assert q.scheme_for("model.layers.10.mlp.up_proj").bits == 8
-    assert q.scheme_for("model.layers.2.mlp.down_proj").bits == 4
-    assert q.scheme_for("model.layers.3.self_attn.q_proj") is None
     p = compute_plan(m, PlanInputs(**TINY_INPUTS), [Gpu(0, "g", 1 << 30)])
-    # q_proj excluded by name but the fused qkv_proj is not: vLLM would quantise it
-    assert any("qkv_proj" in w for w in p.warnings)
-    # a 4-bit down_proj (k=512 -> 4 groups, n=256): 512*4/32 rows of int32, packed zeros
-    down4 = 512 * 4 // 32 * 256 * 4 + 4 * (256 * 4 // 32) * 4 + 4 * 256 * 2
-    gate8 = 256 * 512 + 2 * 512 * 2 + 2 * 512  # k=256 -> 2 groups
-    fp16_layer1 = 3 * 256 * 512 * 2
-    assert _item(p, "weights.mlp") == 3 * (2 * gate8 + down4) + fp16_layer1
+    # the plugin's resident layout: qw uint8 [n, k] + sz fp16 [n, k/128, 2]
+    gate8 = 256 * 512 + 512 * (256 // 128) * 4  # k=256 (hidden), n=512 (MLP)
+    down8 = 512 * 256 + 256 * (512 // 128) * 4
+    fp16_layer1 = 3 * 256 * 512 * 2  # modules_to_not_convert on a dotted boundary
+    assert _item(p, "weights.mlp") == 3 * (2 * gate8 + down8) + fp16_layer1
+
+
+@pytest.mark.parametrize(("quant", "needle"), [
+    # q_proj kept 16-bit by name but k/v not: the fused qkv_proj's shards disagree
+    ({"dynamic": {"-:.*self_attn\\.q_proj$": {}}},
+     r"layer model\.layers\.3\.self_attn\.qkv_proj: its shards disagree"),
+    ({"dynamic": {"+:.*down_proj": {"bits": 4}}},
+     r"layer model\.layers\.0\.mlp\.down_proj: bits=4 .*serves bits=8 only"),
+    ({"group_size": 64}, r"group_size=64 .*serves group_size=128 only"),
+    ({"lm_head": True}, r"lm_head is true"),
+])
+def test_a_config_the_plugin_refuses_is_refused_by_the_plan(quant, needle):
+    m = _quantised_tiny(quant)
+    with pytest.raises(Sm70Error, match=needle):
+        compute_plan(m, PlanInputs(**TINY_INPUTS), [Gpu(0, "g", 1 << 30)])
 
 
 @pytest.mark.parametrize("patch,needle", [

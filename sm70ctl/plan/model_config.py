@@ -56,6 +56,9 @@ class QuantConfig:
     modules_to_not_convert: tuple[str, ...] = ()
     # (regex, None for "-:" (kept 16-bit) or the overriding Scheme), in file order
     dynamic: tuple[tuple[str, Scheme | None], ...] = ()
+    # the checkpoint's quantization_config as read: the plan decides each layer's storage
+    # with the plugin's own rules from it (sm70ctl.plan.weights, vllm_patch.quantization)
+    source: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def scheme_for(self, name: str) -> Scheme | None:
         """The GPTQ scheme of module `name`, or None when it stays 16-bit.
@@ -253,7 +256,7 @@ def parse_quant(q: dict[str, Any] | None) -> QuantConfig | None:
                 f"quantization config: dynamic key {_brief(key)} is not a regex: {exc}"
             ) from exc
     return QuantConfig(
-        method, default, bool(q.get("lm_head", False)), tuple(skip), tuple(dynamic)
+        method, default, bool(q.get("lm_head", False)), tuple(skip), tuple(dynamic), source=q
     )
 
 

@@ -277,7 +277,10 @@ def compute_plan(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu],
     spec = inputs.speculative
     # n-gram drafting keeps the conv-state columns for rollback but loads no MTP layer
     mtp = inputs.spec_method == "mtp" and spec > 0 and model.mtp_num_hidden_layers > 0
-    opts = WeightOptions(inputs.int8_lm_head, inputs.attn_weights_12bit, inputs.draft_head_dtype)
+    opts = WeightOptions(inputs.int8_lm_head, inputs.attn_weights_12bit, inputs.draft_head_dtype,
+                         served=inputs.path == SERVED)
+    # the plugin makes its int8 lm_head only in a model served by sm70_gptq
+    int8_head = inputs.int8_lm_head and model.quant is not None
     ranges = pp_layer_ranges(model.num_layers, pp)
     # One forward pass carries up to SM70_MAX_NUM_BATCHED_TOKENS tokens (several short
     # prefills and decodes together); the prefill chunk only caps one prompt's share.
@@ -301,7 +304,7 @@ def compute_plan(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu],
     for stage, layers in enumerate(ranges):
         last = stage == pp - 1
         items: list[PlanItem] = []
-        tensors = stage_tensors(model, tp, pp, stage, mtp=mtp, int8_lm_head=inputs.int8_lm_head,
+        tensors = stage_tensors(model, tp, pp, stage, mtp=mtp, int8_lm_head=int8_head,
                                 vision=inputs.vision)
         stage_warn: list[str] = []
         for c in by_class(tensors, model.quant, opts, stage_warn):

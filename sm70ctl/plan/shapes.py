@@ -108,7 +108,8 @@ def _gdn(pfx: str, m: ModelShape, tp: int) -> list[Tensor]:
         # depthwise causal conv over q, k and v channels: (channels, 1, kernel)
         Tensor(a + "conv1d", "gdn.small", (2 * kd + vd) // tp, m.linear_conv_kernel_dim,
                linear=False),
-        Tensor(a + "A_log", "gdn.small", 1, hv // tp, linear=False),
+        # float32 in vLLM's GDN layer whatever the model dtype
+        Tensor(a + "A_log", "gdn.small", 1, hv // tp, linear=False, elem_bytes=4),
         Tensor(a + "dt_bias", "gdn.small", 1, hv // tp, linear=False),
         Tensor(a + "norm", "gdn.small", 1, m.linear_value_head_dim, linear=False),
     ]

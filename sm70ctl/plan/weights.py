@@ -1,18 +1,23 @@
-"""Bytes of every weight tensor on one GPU, by storage format (pure).
+"""Bytes of every weight tensor on one GPU, as the sm70 plugin allocates them (pure).
 
-GPTQ layout, as the checkpoint stores it and vLLM's `gptq` method allocates it, for a
-linear with `k` input and `n` output features on this GPU, `b` bits, groups of `g` inputs:
-- qweight: int32 [ceil(k*b/32), n]: b-bit values packed along the input, 32/b per word;
-- qzeros:  int32 [groups, ceil(n*b/32)]: one b-bit zero point per group and output, packed
-  along the output (8-bit: four per int32), stored even when `sym` is true;
-- scales:  fp16  [groups, n];
-- g_idx:   int32 [k]: read from the checkpoint, but vLLM replaces it by an empty tensor after
-  loading when `desc_act` is false, so it is counted only for desc_act checkpoints.
-groups = k/g (rounded up; 1 for g = -1); for a row-parallel layer k is already the shard.
+Which linear layers are int8 is decided by the plugin's own rules
+(`vllm_patch.quantization.rules.GptqRules`, pure Python) from the checkpoint's
+`quantization_config` (`dynamic`, `modules_to_not_convert`, fused shards that must agree),
+asked with the layer's vLLM name, so the plan and the served model cannot disagree on a
+layer; a config the plugin refuses is refused here with its message.
 
-Formats our plugin quantises at load time (the int8 lm_head, int8/int4 draft heads, 12-bit
-attention weights): values of `bits` bits packed densely plus one fp16 scale per group of
-128 inputs and output row (symmetric, no zero points).
+Resident layout of an int8 layer with `k` input and `n` output features on this GPU
+(sm70_gptq repacks the GPTQ tensors after loading and frees them, g_idx included):
+- qw: uint8 [n, k], one code per weight;
+- sz: fp16 [n, k/128, 2], the (scale, zero) pair of each group of 128 inputs,
+so 1 + 4/128 bytes per weight. The int8 lm_head (SM70_INT8_LM_HEAD, made by the plugin at
+load from the fp16 head, only when the checkpoint is served by sm70_gptq) is the same
+layout with one group per row: n*k + 4n bytes. The GPTQ tensors and the fp16 head live
+only while loading (one layer at a time, converted in slices), so they are not counted.
+
+On the plan path `target` the formats the plugin is designed to make but does not yet
+(int8/int4 draft heads, issue 24; 12-bit attention weights, issue 21) are counted too:
+values of `bits` bits packed densely plus one fp16 scale per group of 128 inputs.
 """
 
 from __future__ import annotations
@@ -20,11 +25,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from sm70ctl.plan.model_config import QuantConfig, Scheme
+from sm70ctl.errors import Sm70Error
+from sm70ctl.plan.model_config import QuantConfig
 from sm70ctl.plan.shapes import Tensor, ceil_div
+from vllm_patch.quantization.rules import GptqRules, LayerScheme, QuantConfigError
 
 RUNTIME_GROUP = 128  # inputs per fp16 scale for formats the plugin quantises at load
 FP16 = 2
+SZ_BYTES = 2 * FP16  # one fp16 (scale, zero) pair per group and output row
+# The dtype each part is stored in (a plain tensor's "weight" is its own element size).
+PART_DTYPES = {"qw": "uint8", "sz": "float16", "bias": "float16", "scales": "float16",
+               "qweight": "uint8"}
 
 # The order and labels the plan reports classes in.
 CLASS_LABELS = {
@@ -48,6 +59,8 @@ class WeightOptions:
     int8_lm_head: bool = True
     attn_weights_12bit: bool = False
     draft_head_dtype: str = "int8"  # fp16 | int8 | int4
+    # plan path `served`: only what the plugin does today (no draft-head or 12-bit formats)
+    served: bool = True
 
 
 @dataclass(frozen=True)
@@ -57,9 +70,20 @@ class TensorBytes:
     fmt: str
     parts: dict[str, int]
 
+    elem_bytes: int = FP16
+
     @property
     def total(self) -> int:
         return sum(self.parts.values())
+
+    def by_dtype(self) -> dict[str, int]:
+        """Bytes per torch dtype, as `model.parameters()` of the served model reports them."""
+        plain = {2: "float16", 4: "float32", 1: "uint8"}.get(self.elem_bytes, "other")
+        out: dict[str, int] = {}
+        for part, b in self.parts.items():
+            dtype = PART_DTYPES.get(part, plain)
+            out[dtype] = out.get(dtype, 0) + b
+        return out
 
 
 @dataclass
@@ -72,14 +96,14 @@ class ClassBytes:
     tensors: int = 0
 
 
-def gptq_parts(k: int, n: int, s: Scheme) -> dict[str, int]:
-    groups = ceil_div(k, s.group_size) if s.group_size > 0 else 1
-    return {
-        "qweight": ceil_div(k * s.bits, 32) * n * 4,
-        "qzeros": groups * ceil_div(n * s.bits, 32) * 4,
-        "scales": groups * n * FP16,
-        "g_idx": k * 4 if s.desc_act else 0,
-    }
+def int8_parts(k: int, n: int, group_size: int) -> dict[str, int]:
+    """A repacked int8 layer: qw uint8 [n, k] and sz fp16 [n, k/group, 2]."""
+    return {"qw": n * k, "sz": n * ceil_div(k, group_size) * SZ_BYTES}
+
+
+def int8_lm_head_parts(k: int, n: int) -> dict[str, int]:
+    """The plugin's per-row int8 lm_head: qw uint8 [n, k] and one (scale, zero) per row."""
+    return {"qw": n * k, "sz": n * SZ_BYTES}
 
 
 def runtime_parts(k: int, n: int, bits: int) -> dict[str, int]:
@@ -89,59 +113,74 @@ def runtime_parts(k: int, n: int, bits: int) -> dict[str, int]:
     }
 
 
-def _scheme(t: Tensor, quant: QuantConfig | None, warnings: list[str]) -> Scheme | None:
+def plugin_rules(quant: QuantConfig | None) -> GptqRules | None:
+    """The plugin's rules for this checkpoint (None: a 16-bit checkpoint)."""
     if quant is None:
         return None
-    s = quant.scheme_for(t.name)
-    if t.fused is not None:
-        fused = quant.scheme_for(t.fused)
-        if fused != s:
-            warnings.append(
-                f"quantisation config: `{t.name}` is {_fmt_scheme(s)} but vLLM's fused "
-                f"`{t.fused}` matches {_fmt_scheme(fused)}; vLLM decides by the fused name "
-                "(a mismatch loads but produces garbage)"
-            )
-    return s
+    if quant.source is None:  # only parse_quant builds these, and it keeps the source
+        raise Sm70Error("quantization config: the plan was given no quantization_config")
+    try:
+        rules = GptqRules.from_config(quant.source)
+        rules.lm_head_scheme()
+    except QuantConfigError as exc:
+        raise Sm70Error(f"quantization config: {exc}",
+                        hint="the sm70 plugin refuses this checkpoint at load too") from None
+    return rules
 
 
-def _fmt_scheme(s: Scheme | None) -> str:
-    if s is None:
-        return "16-bit"
-    return f"gptq-int{s.bits} g{s.group_size}{'' if s.sym else ' asym'}"
+def layer_scheme(t: Tensor, rules: GptqRules) -> LayerScheme:
+    """The plugin's decision for the vLLM layer `t` belongs to (fused layers as one)."""
+    prefix = rules.to_vllm(t.fused or t.name)
+    try:
+        return rules.scheme_for(prefix)
+    except QuantConfigError as exc:
+        raise Sm70Error(f"quantization config: {exc}",
+                        hint="the sm70 plugin refuses this checkpoint at load too") from None
 
 
-def tensor_bytes(t: Tensor, quant: QuantConfig | None, opts: WeightOptions,
-                 warnings: list[str]) -> TensorBytes:
+def tensor_bytes(t: Tensor, rules: GptqRules | None, opts: WeightOptions) -> TensorBytes:
     k, n = t.cols, t.rows
     if not t.linear:
-        return TensorBytes(t.name, t.cls, "fp16", {"weight": k * n * t.elem_bytes})
+        return TensorBytes(t.name, t.cls, f"fp{8 * t.elem_bytes}",
+                           {"weight": k * n * t.elem_bytes}, t.elem_bytes)
     bias = {"bias": n * FP16} if t.bias else {}
     if t.store == "lm_head":
-        if opts.int8_lm_head:
-            return TensorBytes(t.name, t.cls, "int8 g128 (plugin)", runtime_parts(k, n, 8))
-        s = _scheme(t, quant, warnings) if quant is not None and quant.lm_head else None
-    elif t.store == "fp16":
-        s = None
-    else:
-        s = _scheme(t, quant, warnings)
-    if s is not None:
-        return TensorBytes(t.name, t.cls, _fmt_scheme(s), {**gptq_parts(k, n, s), **bias})
-    if t.store == "draft" and opts.draft_head_dtype in ("int8", "int4"):
-        bits = 8 if opts.draft_head_dtype == "int8" else 4
-        return TensorBytes(t.name, t.cls, f"int{bits} g128 (plugin)",
-                           {**runtime_parts(k, n, bits), **bias})
-    if t.store == "attn16" and opts.attn_weights_12bit:
-        return TensorBytes(t.name, t.cls, "int12 g128 (plugin)",
-                           {**runtime_parts(k, n, 12), **bias})
+        # Sm70ParallelLMHead quantises the head only in a model served by sm70_gptq.
+        if opts.int8_lm_head and rules is not None:
+            return TensorBytes(t.name, t.cls, "int8 per row (plugin)",
+                               {**int8_lm_head_parts(k, n), **bias})
+        return TensorBytes(t.name, t.cls, "fp16", {"weight": k * n * FP16, **bias})
+    if t.store != "fp16" and rules is not None:
+        s = layer_scheme(t, rules)
+        if s.quantized:
+            if k % s.group_size:
+                raise Sm70Error(
+                    f"layer {t.fused or t.name}: {k} input features on this GPU is not a "
+                    f"multiple of group_size={s.group_size} (the plugin refuses it at load)",
+                    hint="choose a tensor-parallel size that keeps whole groups")
+            return TensorBytes(t.name, t.cls, f"int8 g{s.group_size} (plugin)",
+                               {**int8_parts(k, n, s.group_size), **bias})
+    if not opts.served:
+        if t.store == "draft" and opts.draft_head_dtype in ("int8", "int4"):
+            bits = 8 if opts.draft_head_dtype == "int8" else 4
+            return TensorBytes(t.name, t.cls, f"int{bits} g128 (plugin, target)",
+                               {**runtime_parts(k, n, bits), **bias})
+        if t.store == "attn16" and opts.attn_weights_12bit:
+            return TensorBytes(t.name, t.cls, "int12 g128 (plugin, target)",
+                               {**runtime_parts(k, n, 12), **bias})
     return TensorBytes(t.name, t.cls, "fp16", {"weight": k * n * FP16, **bias})
 
 
 def by_class(tensors: Iterable[Tensor], quant: QuantConfig | None, opts: WeightOptions,
              warnings: list[str]) -> list[ClassBytes]:
-    """Bytes per tensor class, in CLASS_LABELS order; classes with no tensors left out."""
+    """Bytes per tensor class, in CLASS_LABELS order; classes with no tensors left out.
+
+    `warnings` is kept for the callers; a config the plugin cannot serve is an error now.
+    """
+    rules = plugin_rules(quant)
     classes = {c: ClassBytes(c, label) for c, label in CLASS_LABELS.items()}
     for t in tensors:
-        tb = tensor_bytes(t, quant, opts, warnings)
+        tb = tensor_bytes(t, rules, opts)
         c = classes[tb.cls]
         c.total += tb.total
         c.tensors += 1
