@@ -35,6 +35,7 @@ from test_vllm_config_parity import (
     _probe_problem,
 )
 
+from sm70ctl.errors import Sm70Error
 from sm70ctl.plan import pools
 from sm70ctl.plan.plan import Plan, compute_plan
 from sm70ctl.plan.run import plan_for_settings
@@ -54,6 +55,14 @@ CASES: dict[str, dict[str, str]] = {
                           "SM70_MAMBA_CACHE_MODE": "none", "SM70_MAX_MODEL_LEN": "131072"},
     "block-1600": {"SM70_BLOCK_SIZE": "1600"},
 }
+# Settings vLLM refuses at start-up, and the plan with it (the setting it must name): align
+# mode's 1,584-token block does not fit in a 1,024-token prefill chunk or step.
+REFUSED: dict[str, dict[str, str]] = {
+    "chunk-1024": {"SM70_PREFILL_CHUNK": "1024"},
+    "batched-1024": {"SM70_MAX_NUM_BATCHED_TOKENS": "1024", "SM70_PREFILL_CHUNK": "1024"},
+}
+REFUSAL_NAMES = {"chunk-1024": "SM70_PREFILL_CHUNK=1024",
+                 "batched-1024": "SM70_MAX_NUM_BATCHED_TOKENS=1024"}
 
 
 def _settings(model_dir: Path, extra: dict[str, str]) -> Any:
@@ -71,14 +80,17 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     model_dir = tmp / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(MODEL_CONFIG.read_text())
-    cases, plans = [], {}
-    for name, extra in CASES.items():
+    cases, plans, refusals = [], {}, {}
+    for name, extra in {**CASES, **REFUSED}.items():
         s = _settings(model_dir, extra)
         argv = vllm_argv(s)
         assert argv[1:3] == ["-m", VLLM_ENTRYPOINT]
         cases.append({"name": name, "argv": argv[3:],
                       "env": vllm_env(s, cache_entry=tmp / "cache")})
-        plans[name] = plan_for_settings(s, gpus="2xv100").plan
+        try:
+            plans[name] = plan_for_settings(s, gpus="2xv100").plan
+        except Sm70Error as exc:
+            refusals[name] = exc.message
     request = tmp / "request.json"
     request.write_text(json.dumps({"model_dir": str(model_dir), "cases": cases}))
     result = tmp / "result.json"
@@ -92,7 +104,7 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.fail(f"probe failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                     f"{proc.stderr[-3000:]}")
     out = json.loads(result.read_text())
-    out["plans"] = plans
+    out["plans"], out["refusals"] = plans, refusals
     return out
 
 
@@ -140,6 +152,13 @@ def test_plan_equals_what_vllm_allocates(probe: dict[str, Any], name: str) -> No
     assert not bad, f"{name}: the plan differs from vLLM 0.22.1:\n" + "\n".join(bad)
     # vLLM refuses to start when one max-model-len request does not fit; the plan fits
     assert plan.fits
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_plan_refuses_what_vllm_refuses(probe: dict[str, Any], name: str) -> None:
+    assert "AssertionError" in probe["cases"][name].get("error", ""), probe["cases"][name]
+    assert probe["refusals"][name].startswith(REFUSAL_NAMES[name])
+    assert set(probe["refusals"]) == set(REFUSED)  # the CASES plan without refusal
 
 
 def test_reference_allocation(probe: dict[str, Any]) -> None:

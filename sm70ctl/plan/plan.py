@@ -59,6 +59,7 @@ class PlanInputs:
     gpu_memory_utilization: float = 0.96
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
+    prefill_chunk: int = 2048  # vLLM's --long-prefill-token-threshold
     block_size: int = 0
     state_block_multiplier: int = 8
     gdn_state_dtype: str = "int16"
@@ -117,7 +118,8 @@ class PlanInputs:
             return Sm70Error(f"SM70_{var.upper()}={value!r}: {rule}")
 
         for var in ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len",
-                    "max_num_seqs", "max_num_batched_tokens", "state_block_multiplier",
+                    "max_num_seqs", "max_num_batched_tokens", "prefill_chunk",
+                    "state_block_multiplier",
                     "gdn_chunk_size"):
             if getattr(self, var) < 1:
                 raise bad(var, getattr(self, var), "must be at least 1")
@@ -401,8 +403,16 @@ def _gpu_plan(gpu: Gpu, stage: int, tp_rank: int, budget: int, stage_items: list
     available = budget - fixed
     pool = inputs.kv_cache_bytes or max(available, 0)
     layout = _layout(pool, inputs, attn, gdn, kv_layer_tok, page, inputs.max_num_seqs)
-    items.append(PlanItem("pool", "pool.state", "GDN state pool", layout.state_pool_bytes,
-                          {"slots": layout.slots, "bytes_per_slot": layout.state_bytes_per_slot}))
+    _check_align_block(layout, inputs)
+    if layout.mode == SERVED:  # vLLM reserves no state: each request draws its pages
+        items.append(PlanItem("pool", "pool.state", "GDN state pool (none reserved: pages "
+                              "drawn per request from the blocks below)", 0,
+                              {"pages_per_request": layout.state_pages_per_request,
+                               "bytes_per_page_group": layout.page_bytes * layout.layer_group}))
+    else:
+        items.append(PlanItem("pool", "pool.state", "GDN state pool", layout.state_pool_bytes,
+                              {"slots": layout.slots,
+                               "bytes_per_slot": layout.state_bytes_per_slot}))
     items.append(PlanItem("pool", "pool.kv", "KV cache pool", pool - layout.state_pool_bytes,
                           {"tokens": layout.kv_tokens, "blocks": layout.kv_blocks,
                            "block_size": layout.block_size,
@@ -411,6 +421,23 @@ def _gpu_plan(gpu: Gpu, stage: int, tp_rank: int, budget: int, stage_items: list
     kv_needed = layout.blocks_for(inputs.max_model_len) * layout.block_bytes
     return GpuPlan(gpu, stage, tp_rank, budget, items, layout, fixed, available, overflow,
                    kv_needed)
+
+
+def _check_align_block(layout: PoolLayout, inputs: PlanInputs) -> None:
+    """vLLM 0.22.1 stops at start-up (VllmConfig.validate_block_size) when `align` mode's
+    block, which the GDN page makes large, is longer than a step or a prefill chunk: a block
+    boundary must fall inside every scheduled chunk for its state to be kept."""
+    if layout.mode != SERVED or inputs.mamba_cache_mode != "align" or not layout.gdn_layers:
+        return
+    for var, value in (("SM70_MAX_NUM_BATCHED_TOKENS", inputs.max_num_batched_tokens),
+                       ("SM70_PREFILL_CHUNK", inputs.prefill_chunk)):
+        if value < layout.block_size:
+            raise Sm70Error(
+                f"{var}={value}: below the {layout.block_size:,}-token KV block vLLM 0.22.1 "
+                "sets for this model, which SM70_MAMBA_CACHE_MODE=align requires it to hold "
+                "(vLLM stops at start-up)",
+                hint=f"set {var} to at least {layout.block_size}, or turn prefix caching off "
+                     "(SM70_ENABLE_PREFIX_CACHING=false, SM70_MAMBA_CACHE_MODE=none)")
 
 
 def _overflow(gpu: Gpu, items: list[PlanItem], budget: int, layout: PoolLayout,
