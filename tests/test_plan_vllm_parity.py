@@ -6,7 +6,7 @@ layers' KV cache specs, `get_kv_cache_configs` for --kv-cache-memory-bytes) what
 worker would allocate for the command line `sm70ctl serve` builds, and `sm70ctl plan`'s
 served path must give the same block size, pages, blocks per GPU and per-request pages,
 byte for byte. The probe runs in the serving venv with the 0.22.1 tree of
-.ci/setup.d/35-vllm-0.22.1-py.sh (tests/test_vllm_config_parity.py's machinery); without
+.ci/setup.d/35-vllm-0.22.1-py.sh (tests/vllm_cpu_tree.py runs it); without
 them these tests skip, under CI=true they fail.
 
 The bottom tests run the same comparison against plans with a plausible bug (scales left
@@ -16,24 +16,11 @@ out of the page, block size not aligned, state pages reserved up front) and chec
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_vllm_config_parity import (
-    MODEL_CONFIG,
-    PROBE_TIMEOUT,
-    REPO,
-    SERVE_PYTHON,
-    SITE_HOOK,
-    VLLM_DEPS,
-    VLLM_TREE,
-    _plugin_dist,
-    _probe_problem,
-)
+from vllm_cpu_tree import REPO, VLLM_TREE, model_folder, require_tree, run_probe
 
 from sm70ctl.errors import Sm70Error
 from sm70ctl.plan import pools
@@ -71,15 +58,9 @@ def _settings(model_dir: Path, extra: dict[str, str]) -> Any:
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    problem = _probe_problem()
-    if problem is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must have vLLM 0.22.1's config code: {problem}")
-        pytest.skip(problem)
+    require_tree()
     tmp = tmp_path_factory.mktemp("memory")
-    model_dir = tmp / "model"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(MODEL_CONFIG.read_text())
+    model_dir = model_folder(tmp)
     cases, plans, refusals = [], {}, {}
     for name, extra in {**CASES, **REFUSED}.items():
         s = _settings(model_dir, extra)
@@ -91,19 +72,7 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             plans[name] = plan_for_settings(s, gpus="2xv100").plan
         except Sm70Error as exc:
             refusals[name] = exc.message
-    request = tmp / "request.json"
-    request.write_text(json.dumps({"model_dir": str(model_dir), "cases": cases}))
-    result = tmp / "result.json"
-    path = [VLLM_TREE, VLLM_DEPS, SITE_HOOK, _plugin_dist(tmp / "plugin"), REPO]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM70_", "VLLM_"))}
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
-    proc = subprocess.run([str(SERVE_PYTHON), str(PROBE), str(request), str(result)],
-                          capture_output=True, text=True, timeout=PROBE_TIMEOUT, env=env,
-                          check=False)
-    if proc.returncode != 0 or not result.is_file():
-        pytest.fail(f"probe failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                    f"{proc.stderr[-3000:]}")
-    out = json.loads(result.read_text())
+    out, _ = run_probe(PROBE, {"model_dir": str(model_dir), "cases": cases}, tmp)
     out["plans"], out["refusals"] = plans, refusals
     return out
 

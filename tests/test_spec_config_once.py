@@ -2,7 +2,7 @@
 given twice, it silently ran at k=1).
 
 What vLLM 0.22.1 does with a repeated flag, shown through its own parser and engine-config
-builder (tests/vllm_config_probe.py, set up as tests/test_vllm_config_parity.py does): the
+builder (tests/vllm_config_probe.py, run by tests/vllm_cpu_tree.py): the
 last copy wins, with a "Found duplicate keys" warning as the only trace, and every spelling
 `sm70ctl.runtime.spec_flag` flags is read as that flag. Our side: `vllm_argv` emits it once
 (none without speculation) for every speculation setting, refuses a setting's value that
@@ -13,26 +13,13 @@ arguments through (an extra flag is a usage error, exit 2).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_vllm_config_parity import (
-    MODEL_CONFIG,
-    PROBE,
-    PROBE_TIMEOUT,
-    REPO,
-    SERVE_PYTHON,
-    SITE_HOOK,
-    VLLM_DEPS,
-    VLLM_TREE,
-    _plugin_dist,
-    _probe_problem,
-)
 from typer.testing import CliRunner
+from vllm_cpu_tree import CONFIG_PROBE, model_folder, require_tree, run_probe
 
 from sm70ctl.cli import app
 from sm70ctl.errors import Sm70Error
@@ -121,15 +108,9 @@ def test_cli_takes_no_vllm_flags_through(command: list[str], tmp_path: Path) -> 
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    problem = _probe_problem()
-    if problem is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must have vLLM 0.22.1's config code: {problem}")
-        pytest.skip(problem)
+    require_tree()
     tmp = tmp_path_factory.mktemp("spec-twice")
-    model_dir = tmp / "model"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(MODEL_CONFIG.read_text())
+    model_dir = model_folder(tmp)
     s = load_settings(environ={"SM70_MODEL_DIR": str(model_dir)})
     ours = vllm_argv(s)[3:]
     env = vllm_env(s, cache_entry=tmp / "cache")
@@ -137,21 +118,10 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cases = {"ours": ours, "near-miss": ours + NEAR_MISS,
              "ours-last": [*ours[:at], "--speculative-config", K1, *ours[at:]]}
     cases.update({f"second-{name}": ours + words for name, words in SECOND_COPIES.items()})
-    request = tmp / "request.json"
-    request.write_text(json.dumps({
+    out, log = run_probe(CONFIG_PROBE, {
         "model_dir": str(model_dir), "fields": dict(cp.FIELDS),
-        "cases": [{"name": n, "argv": a, "env": env} for n, a in cases.items()]}))
-    result = tmp / "result.json"
-    path = [VLLM_TREE, VLLM_DEPS, SITE_HOOK, _plugin_dist(tmp / "plugin"), REPO]
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("SM70_", "VLLM_"))}
-    child_env["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
-    proc = subprocess.run([str(SERVE_PYTHON), str(PROBE), str(request), str(result)],
-                          capture_output=True, text=True, timeout=PROBE_TIMEOUT, env=child_env,
-                          check=False)
-    if proc.returncode != 0 or not result.is_file():
-        pytest.fail(f"probe failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    out = json.loads(result.read_text())
-    out["log"] = proc.stdout + proc.stderr
+        "cases": [{"name": n, "argv": a, "env": env} for n, a in cases.items()]}, tmp)
+    out["log"] = log
     return out
 
 

@@ -17,35 +17,25 @@ aligns the hybrid page, about 1,600 tokens, to TRITON_ATTN's); the attention bac
 checked as held in the config, though the CPU never builds it; AMX's extra CPU rule is kept
 out by the probe.
 
-Without the serving venv or the 0.22.1 tree the probe tests skip; under CI=true they fail.
+tests/vllm_cpu_tree.py runs the probe. Without the serving venv or the 0.22.1 tree the probe
+tests skip; under CI=true they fail.
 The comparison itself has CPU tests of its own at the bottom.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
+from vllm_cpu_tree import CONFIG_PROBE, VLLM_TREE, model_folder, require_tree, run_probe
 
 from sm70ctl.runtime import config_parity as cp
 from sm70ctl.runtime.command_line import VLLM_ENTRYPOINT, vllm_argv
 from sm70ctl.runtime.environment import vllm_env
 from sm70ctl.settings import load_settings
-
-REPO = Path(__file__).resolve().parents[1]
-SERVE_PYTHON = REPO / ".serve-venv" / "bin" / "python"
-VLLM_TREE = REPO / "build" / "ci" / "vllm-0.22.1-py"
-VLLM_DEPS = REPO / "build" / "ci" / "vllm-0.22.1-deps"
-SITE_HOOK = REPO / "tests" / "vllm_probe_site"
-PROBE = REPO / "tests" / "vllm_config_probe.py"
-MODEL_CONFIG = REPO / "sm70ctl" / "data" / "qwen3.8-27b" / "config.json"
-PROBE_TIMEOUT = 300
 
 # The launches the probe runs: the defaults, and settings that move every compared field.
 CASES: dict[str, dict[str, str]] = {
@@ -77,39 +67,11 @@ def _settings(model_dir: Path, extra: dict[str, str]) -> Any:
     return load_settings(environ={"SM70_MODEL_DIR": str(model_dir), **extra})
 
 
-def _probe_problem() -> str | None:
-    if not SERVE_PYTHON.is_file():
-        return f"{SERVE_PYTHON} is missing (run .ci/setup.d/20-serve-env.sh)"
-    if not (VLLM_TREE / "vllm" / "__init__.py").is_file() or not VLLM_DEPS.is_dir():
-        return f"{VLLM_TREE} is missing (run .ci/setup.d/35-vllm-0.22.1-py.sh)"
-    return None
-
-
-def _plugin_dist(dest: Path) -> Path:
-    """Our general-plugin entry point, as pyproject.toml declares it, for the probe's path
-    (the serving venv of CI does not have sm70ctl installed; production's does)."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    plugins = project["entry-points"]["vllm.general_plugins"]
-    info = dest / "sm70ctl_parity_probe-0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sm70ctl-parity-probe\n"
-                                   "Version: 0\n")
-    lines = "".join(f"{k} = {v}\n" for k, v in plugins.items())
-    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{lines}")
-    return dest
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    problem = _probe_problem()
-    if problem is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must have vLLM 0.22.1's config code: {problem}")
-        pytest.skip(problem)
+    require_tree()
     tmp = tmp_path_factory.mktemp("parity")
-    model_dir = tmp / "model"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(MODEL_CONFIG.read_text())
+    model_dir = model_folder(tmp)
     cases, wants = [], {}
     for name, extra in CASES.items():
         s = _settings(model_dir, extra)
@@ -126,23 +88,10 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     forced[at] = json.dumps(dict(json.loads(forced[at]), cudagraph_capture_sizes=[1, 2, 4, 8,
                                                                                3000]))
     cases.append({"name": FORCED_SIZES, "argv": forced, "env": cases[0]["env"]})
-    request = tmp / "request.json"
-    fields = dict(cp.FIELDS)
-    request.write_text(json.dumps({"model_dir": str(model_dir), "fields": fields,
-                                   "cases": cases}))
-    result = tmp / "result.json"
-    path = [VLLM_TREE, VLLM_DEPS, SITE_HOOK, _plugin_dist(tmp / "plugin"), REPO]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM70_", "VLLM_"))}
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)
-    proc = subprocess.run([str(SERVE_PYTHON), str(PROBE), str(request), str(result)],
-                          capture_output=True, text=True, timeout=PROBE_TIMEOUT, env=env,
-                          check=False)
-    if proc.returncode != 0 or not result.is_file():
-        pytest.fail(f"probe failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                    f"{proc.stderr[-3000:]}")
-    out = json.loads(result.read_text())
+    out, log = run_probe(CONFIG_PROBE, {"model_dir": str(model_dir), "fields": dict(cp.FIELDS),
+                                        "cases": cases}, tmp)
     out["wants"] = wants
-    out["log"] = proc.stdout + proc.stderr
+    out["log"] = log
     return out
 
 
