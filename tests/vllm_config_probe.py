@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,32 +111,52 @@ def cuda_graphs(config: Any, parsed_compilation: Any) -> dict[str, Any]:
             "cudagraph_capture_sizes": list(cc.cudagraph_capture_sizes or [])}
 
 
-def run_case(case: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]:
+def parse_engine_args(argv: list[str]) -> Any:
+    """The engine arguments `python -m vllm.entrypoints.openai.api_server ARGV` parses."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-    from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    validate_parsed_serve_args(args)
+    return AsyncEngineArgs.from_cli_args(args)
+
+
+def build_config(engine_args: Any) -> Any:
+    """The VllmConfig the API server builds from its parsed engine arguments."""
+    from vllm.usage.usage_lib import UsageContext
+
+    return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+
+
+def in_case_env(case: dict[str, Any], work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`work()` under the case's environment variables (restored after), or vLLM's refusal
+    as `{"error": its last line}`."""
     saved_env = dict(os.environ)
     os.environ.update(case["env"])
     try:
-        args = make_arg_parser(FlexibleArgumentParser()).parse_args(case["argv"])
-        validate_parsed_serve_args(args)
-        engine_args = AsyncEngineArgs.from_cli_args(args)
-        parsed_compilation = copy.deepcopy(engine_args.compilation_config)
-        config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-        out: dict[str, Any] = {"values": {n: read(config, p) for n, p in fields.items()}}
-        try:
-            out["cuda_graphs"] = cuda_graphs(config, parsed_compilation)
-        except Exception as e:  # reported, not raised: the other fields still count
-            out["cuda_graphs_error"] = f"{type(e).__name__}: {e}"
-        return out
+        return work()
     except BaseException as e:  # argparse exits with SystemExit on a bad flag
         tail = traceback.format_exception_only(type(e), e)[-1].strip()
         return {"error": tail}
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
+
+
+def run_case(case: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]:
+    def values() -> dict[str, Any]:
+        engine_args = parse_engine_args(case["argv"])
+        parsed_compilation = copy.deepcopy(engine_args.compilation_config)
+        config = build_config(engine_args)
+        out: dict[str, Any] = {"values": {n: read(config, p) for n, p in fields.items()}}
+        try:
+            out["cuda_graphs"] = cuda_graphs(config, parsed_compilation)
+        except Exception as e:  # reported, not raised: the other fields still count
+            out["cuda_graphs_error"] = f"{type(e).__name__}: {e}"
+        return out
+
+    return in_case_env(case, values)
 
 
 def main(request_path: str, result_path: str) -> None:

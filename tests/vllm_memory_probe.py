@@ -31,28 +31,18 @@ then goes the way a CUDA worker goes from there, with vLLM's own functions:
 from __future__ import annotations
 
 import json
-import os
 import sys
-import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_config_probe import write_tokenizer  # the shared probe machinery
-
-
-def build_config(case: dict[str, Any]) -> Any:
-    """The VllmConfig `python -m vllm.entrypoints.openai.api_server ARGV` builds."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-    from vllm.usage.usage_lib import UsageContext
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(case["argv"])
-    validate_parsed_serve_args(args)
-    engine_args = AsyncEngineArgs.from_cli_args(args)
-    return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+from vllm_config_probe import (  # the shared probe machinery
+    build_config,
+    in_case_env,
+    parse_engine_args,
+    write_tokenizer,
+)
 
 
 def cuda_block_size(config: Any) -> str:
@@ -190,16 +180,7 @@ def allocation(config: Any) -> dict[str, Any]:
 
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
-    saved_env = dict(os.environ)
-    os.environ.update(case["env"])
-    try:
-        return allocation(build_config(case))
-    except BaseException as e:  # argparse exits with SystemExit on a bad flag
-        tail = traceback.format_exception_only(type(e), e)[-1].strip()
-        return {"error": tail}
-    finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
+    return in_case_env(case, lambda: allocation(build_config(parse_engine_args(case["argv"]))))
 
 
 def main(request_path: str, result_path: str) -> None:
