@@ -13,21 +13,16 @@ child and must make the checker report a problem.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
-import os
 import random
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from serve_venv import run_json
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "vllm_patch" / "distributed" / "int12.py"
-SERVE_PY = ROOT / ".serve-venv" / "bin" / "python"
 
 # (name, old source text, new source text): each must occur exactly once in the reference.
 MUTANTS: tuple[tuple[str, str, str], ...] = (
@@ -77,16 +72,6 @@ for mutant in req["mutants"]:
     })
 json.dump(results, sys.stdout)
 """
-
-
-def torch_python() -> str:
-    if importlib.util.find_spec("torch") is not None:
-        return sys.executable
-    if SERVE_PY.is_file():
-        return str(SERVE_PY)
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"no torch here and no {SERVE_PY} (CI must provide it)")
-    pytest.skip(f"no torch here and no {SERVE_PY}")
 
 
 # ------------------------------------------------------------------ the independent checker
@@ -228,10 +213,7 @@ def request(mutants: list) -> dict:
 @pytest.fixture(scope="module")
 def runs() -> tuple[dict, list[dict]]:
     req = request([None] + [[old, new] for _, old, new in MUTANTS])
-    proc = subprocess.run([torch_python(), "-c", PROBE], input=json.dumps(req),
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return req, json.loads(proc.stdout)
+    return req, run_json(["-c", PROBE], req, timeout=600)
 
 
 def test_the_checker_reads_fp16_right() -> None:

@@ -14,43 +14,24 @@ CI builds (.serve-venv); without either the test skips, except under CI=true (fa
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
-import os
 import random
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from serve_venv import run_json
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "gdn_reference_probe.py"
-SERVE_PY = ROOT / ".serve-venv" / "bin" / "python"
 H, HV, DK, DV = 2, 6, 8, 8  # GQA 1:3 as the model, small heads
 QKV = 2 * H * DK + HV * DV
 SLOTS = 12
 
 
-def torch_python() -> str:
-    if importlib.util.find_spec("torch") is not None:
-        return sys.executable
-    if SERVE_PY.is_file():
-        return str(SERVE_PY)
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"no torch here and no {SERVE_PY} (CI must provide it)")
-    pytest.skip(f"no torch here and no {SERVE_PY}")
-
-
 def run_reference(op: str, args: dict, **kwargs) -> dict:
     req = {"op": op, "args": args, "kwargs": kwargs}
-    proc = subprocess.run([torch_python(), str(PROBE)], input=json.dumps(req),
-                          capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return run_json([str(PROBE)], req, timeout=300)
 
 
 def spec(dtype: str, data) -> dict:

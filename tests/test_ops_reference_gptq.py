@@ -16,31 +16,16 @@ skips, except under CI=true, where it fails.
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
 import random
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from serve_venv import run_json
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "ops_reference_probe.py"
-SERVE_PY = ROOT / ".serve-venv" / "bin" / "python"
 K, N, G = 256, 12, 64
-
-
-def torch_python() -> str:
-    if importlib.util.find_spec("torch") is not None:
-        return sys.executable
-    if SERVE_PY.is_file():
-        return str(SERVE_PY)
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"no torch here and no {SERVE_PY} (CI must provide it)")
-    pytest.skip(f"no torch here and no {SERVE_PY}")
 
 
 def word(four: list[int]) -> int:
@@ -91,11 +76,7 @@ def checkpoint(seed: int, zero_offset: int) -> dict:
 
 
 def run_reference(req: dict) -> dict:
-    proc = subprocess.run([torch_python(), str(PROBE)], input=json.dumps(req),
-                          capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return run_json([str(PROBE)], req, timeout=300)
 
 
 @pytest.fixture(scope="module", params=[1, 0], ids=["v1-offset-1", "offset-0"])
