@@ -79,15 +79,22 @@ def v100_floor_us(nbytes: int) -> float:
     return nbytes / (V100_GBPS * 1e9) * 1e6
 
 
-def batch_label(ctxs: list[int]) -> str:
-    """[262144, 4096, 4096] -> 256K+2x4K"""
+def context_runs(ctxs: list[int]) -> list[tuple[int, int]]:
+    """[262144, 4096, 4096, 262144] -> [(262144, 1), (4096, 2), (262144, 1)]: each run of
+    equal contexts in order, with its length."""
     parts: list[list[int]] = []
     for c in ctxs:
         if parts and parts[-1][0] == c:
             parts[-1][1] += 1
         else:
             parts.append([c, 1])
-    return "+".join(f"{n}x{c // 1024}K" if n > 1 else f"{c // 1024}K" for c, n in parts)
+    return [(c, n) for c, n in parts]
+
+
+def batch_label(ctxs: list[int]) -> str:
+    """[262144, 4096, 4096] -> 256K+2x4K"""
+    return "+".join(f"{n}x{c // 1024}K" if n > 1 else f"{c // 1024}K"
+                    for c, n in context_runs(ctxs))
 
 
 def decode_step_us(gemv_rows: list[dict], m: int) -> float | None:

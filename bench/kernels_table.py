@@ -35,13 +35,7 @@ class TableError(Exception):
 
 def _tokens(ctxs: list[int]) -> str:
     """[262144, 4096 x 7] -> '262,144 + 7 x 4,096'"""
-    parts: list[list[int]] = []
-    for c in ctxs:
-        if parts and parts[-1][0] == c:
-            parts[-1][1] += 1
-        else:
-            parts.append([c, 1])
-    return " + ".join(f"{n} x {c:,}" if n > 1 else f"{c:,}" for c, n in parts)
+    return " + ".join(f"{n} x {c:,}" if n > 1 else f"{c:,}" for c, n in C.context_runs(ctxs))
 
 
 def _volta_path(row: dict, device: str) -> bool:
