@@ -9,17 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hubserver import SMALL, HubServer, Repo, lock_text, tiny_files
+from hubserver import SMALL
+from tiny_fetch import fetch_tiny
 
 from sm70ctl.errors import Sm70Error
-from sm70ctl.weights.fetch import FetchConfig, fetch_pin
-from sm70ctl.weights.pins import parse_model_pins
 from sm70ctl.weights.verify import OUTSIDE, verify_folder
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
 
 REPO = "test-org/tiny-gptq-int8"
 COMMIT = hashlib.sha1(b"links commit").hexdigest()
@@ -27,14 +21,7 @@ COMMIT = hashlib.sha1(b"links commit").hexdigest()
 
 @pytest.fixture
 def fetched(tmp_path: Path) -> Path:
-    text = lock_text("tiny", REPO, COMMIT)
-    pin = parse_model_pins(tomllib.loads(text), "test.lock")[0]
-    server = HubServer()
-    server.add_repo(Repo(REPO, {COMMIT: tiny_files()}))
-    with server:
-        fetch_pin(pin, FetchConfig(weights_dir=tmp_path / "models", endpoint=server.url,
-                                   progress=False))
-    return tmp_path / "models" / "tiny"
+    return fetch_tiny(tmp_path, REPO, COMMIT)
 
 
 def _kinds(folder: Path) -> dict[str, str]:

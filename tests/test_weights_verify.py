@@ -11,16 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from hubserver import BIG, SMALL, HubServer, Repo, lock_text, tiny_files
+from hubserver import BIG, SMALL
+from tiny_fetch import fetch_tiny
 
-from sm70ctl.weights.fetch import FetchConfig, fetch_pin
-from sm70ctl.weights.pins import parse_model_pins
 from sm70ctl.weights.verify import verify_folder
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 REPO = "test-org/tiny-gptq-int8"
 COMMIT = hashlib.sha1(b"verify commit").hexdigest()
@@ -29,15 +23,7 @@ COMMIT = hashlib.sha1(b"verify commit").hexdigest()
 @pytest.fixture
 def fetched(tmp_path: Path) -> Path:
     """A folder fetched from a hub server that is stopped again before the test runs."""
-    text = lock_text("tiny", REPO, COMMIT)
-    (tmp_path / "models.lock.toml").write_text(text)
-    pin = parse_model_pins(tomllib.loads(text), "test.lock")[0]
-    server = HubServer()
-    server.add_repo(Repo(REPO, {COMMIT: tiny_files()}))
-    with server:
-        fetch_pin(pin, FetchConfig(weights_dir=tmp_path / "models", endpoint=server.url,
-                                   progress=False))
-    return tmp_path / "models" / "tiny"
+    return fetch_tiny(tmp_path, REPO, COMMIT)
 
 
 def _cli(tmp_path: Path, *args: str):
