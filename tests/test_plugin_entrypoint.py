@@ -12,6 +12,7 @@ import venv
 from pathlib import Path
 
 import pytest
+from fresh_import import loaded_by_import
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_PY = ROOT / ".serve-venv" / "bin" / "python"
@@ -119,12 +120,8 @@ def test_register_without_vllm_reports_quantization_absent(monkeypatch) -> None:
 
 
 def test_loading_the_cli_imports_no_vllm_or_torch() -> None:
-    code = ("import sys, sm70ctl.cli, sm70ctl.build.command; "
-            "print(sorted(m for m in ('torch','vllm','vllm_patch.plugin') if m in sys.modules))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "[]"
+    assert loaded_by_import("sm70ctl.cli, sm70ctl.build.command",
+                            ("torch", "vllm", "vllm_patch.plugin")) == []
 
 
 def _serve_env_has_vllm() -> bool:
