@@ -20,15 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_cpu_tree import REPO, VLLM_TREE, model_folder, require_tree, run_probe
+from vllm_cpu_tree import REPO, VLLM_TREE, launch, model_folder, require_tree, run_probe
 
 from sm70ctl.errors import Sm70Error
 from sm70ctl.plan import pools
 from sm70ctl.plan.plan import Plan, compute_plan
 from sm70ctl.plan.run import plan_for_settings
-from sm70ctl.runtime.command_line import VLLM_ENTRYPOINT, vllm_argv
-from sm70ctl.runtime.environment import vllm_env
-from sm70ctl.settings import load_settings
 
 PROBE = REPO / "tests" / "vllm_memory_probe.py"
 
@@ -52,10 +49,6 @@ REFUSAL_NAMES = {"chunk-1024": "SM70_PREFILL_CHUNK=1024",
                  "batched-1024": "SM70_MAX_NUM_BATCHED_TOKENS=1024"}
 
 
-def _settings(model_dir: Path, extra: dict[str, str]) -> Any:
-    return load_settings(environ={"SM70_MODEL_DIR": str(model_dir), **extra})
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require_tree()
@@ -63,11 +56,8 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     model_dir = model_folder(tmp)
     cases, plans, refusals = [], {}, {}
     for name, extra in {**CASES, **REFUSED}.items():
-        s = _settings(model_dir, extra)
-        argv = vllm_argv(s)
-        assert argv[1:3] == ["-m", VLLM_ENTRYPOINT]
-        cases.append({"name": name, "argv": argv[3:],
-                      "env": vllm_env(s, cache_entry=tmp / "cache")})
+        s, case = launch(name, model_dir, extra, tmp)
+        cases.append(case)
         try:
             plans[name] = plan_for_settings(s, gpus="2xv100").plan
         except Sm70Error as exc:

@@ -30,11 +30,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_cpu_tree import CONFIG_PROBE, VLLM_TREE, model_folder, require_tree, run_probe
+from vllm_cpu_tree import (
+    CONFIG_PROBE,
+    VLLM_TREE,
+    launch,
+    model_folder,
+    require_tree,
+    run_probe,
+)
 
 from sm70ctl.runtime import config_parity as cp
-from sm70ctl.runtime.command_line import VLLM_ENTRYPOINT, vllm_argv
-from sm70ctl.runtime.environment import vllm_env
 from sm70ctl.settings import load_settings
 
 # The launches the probe runs: the defaults, and settings that move every compared field.
@@ -63,10 +68,6 @@ FORCED_ALL = "defaults-with-mamba-all"
 FORCED_SIZES = "defaults-with-sizes-1-2-4-8-3000"
 
 
-def _settings(model_dir: Path, extra: dict[str, str]) -> Any:
-    return load_settings(environ={"SM70_MODEL_DIR": str(model_dir), **extra})
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     require_tree()
@@ -74,11 +75,8 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     model_dir = model_folder(tmp)
     cases, wants = [], {}
     for name, extra in CASES.items():
-        s = _settings(model_dir, extra)
-        argv = vllm_argv(s)
-        assert argv[1:3] == ["-m", VLLM_ENTRYPOINT]  # what the API server's parser receives
-        env = vllm_env(s, cache_entry=tmp / "cache")
-        cases.append({"name": name, "argv": argv[3:], "env": env})
+        s, case = launch(name, model_dir, extra, tmp)
+        cases.append(case)
         wants[name] = cp.requested(s)
     forced = list(cases[0]["argv"])
     forced[forced.index("--mamba-cache-mode") + 1] = "all"

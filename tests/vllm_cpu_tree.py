@@ -17,6 +17,10 @@ from typing import Any
 import pytest
 import tomllib
 
+from sm70ctl.runtime.command_line import VLLM_ENTRYPOINT, vllm_argv
+from sm70ctl.runtime.environment import vllm_env
+from sm70ctl.settings import load_settings
+
 REPO = Path(__file__).resolve().parents[1]
 SERVE_PYTHON = REPO / ".serve-venv" / "bin" / "python"
 VLLM_TREE = REPO / "build" / "ci" / "vllm-0.22.1-py"
@@ -53,6 +57,16 @@ def model_folder(tmp: Path) -> Path:
     model_dir.mkdir()
     (model_dir / "config.json").write_text(MODEL_CONFIG.read_text())
     return model_dir
+
+
+def launch(name: str, model_dir: Path, extra: dict[str, str],
+           tmp: Path) -> tuple[Any, dict[str, Any]]:
+    """The settings for `model_dir` with `extra` set, and the probe's case for them: the
+    words `sm70ctl serve` hands vLLM's API server after `python -m ENTRYPOINT`, and its env."""
+    s = load_settings(environ={"SM70_MODEL_DIR": str(model_dir), **extra})
+    argv = vllm_argv(s)
+    assert argv[1:3] == ["-m", VLLM_ENTRYPOINT]  # what the API server's parser receives
+    return s, {"name": name, "argv": argv[3:], "env": vllm_env(s, cache_entry=tmp / "cache")}
 
 
 def plugin_dist(dest: Path) -> Path:
