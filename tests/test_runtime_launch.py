@@ -17,7 +17,7 @@ from sm70ctl.runtime.environment import vllm_env
 from sm70ctl.runtime.plugin_config import PLUGIN_CONFIG_ENV, plugin_config
 from sm70ctl.runtime.secrets import secrets_path, secrets_yaml
 from sm70ctl.settings import load_settings
-from vllm_patch.config import PluginConfig, resolve_allreduce_mode
+from vllm_patch.config import PluginConfig
 
 FACTS = Path("/work/shared/reference/FACTS.md")
 # The reference deployment line from FACTS.md ("The reference deployment"), verbatim.
@@ -224,14 +224,6 @@ def test_plugin_config_is_strict(text, message):
 
 def test_plugin_config_accepts_ints_for_floats():
     assert PluginConfig.from_json('{"sparse_prefill": {"mass": 1}}').sparse_prefill.mass == 1.0
-
-
-@pytest.mark.parametrize(("mode", "nvlink", "expected"), [
-    ("auto", True, "fp16"), ("auto", False, "int12"), ("auto", None, "fp16"),
-    ("int12", True, "int12"), ("fp16", False, "fp16"),
-])
-def test_allreduce_auto_resolution(mode, nvlink, expected):
-    assert resolve_allreduce_mode(mode, nvlink) == expected
 
 
 def test_plugin_config_module_is_import_light():

@@ -139,15 +139,6 @@ class PluginConfig:
         return value
 
 
-def resolve_allreduce_mode(mode: str, nvlink: bool | None) -> str:
-    """`auto`: fp16 over NVLink (12-bit measured 0.8x there), 12-bit over PCIe (it won)."""
-    if mode != "auto":
-        return mode
-    if nvlink is None:
-        return "fp16"
-    return "fp16" if nvlink else "int12"
-
-
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
 # The config sm70ctl writes is a few hundred bytes, two levels deep. The bounds keep a
@@ -235,5 +226,4 @@ __all__ = [
     "PluginConfig",
     "SparsePrefillConfig",
     "SpecConfig",
-    "resolve_allreduce_mode",
 ]
