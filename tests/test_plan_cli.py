@@ -166,7 +166,9 @@ def test_nothing_fits_says_so(tmp_path):
     d = json.loads(r.stdout)
     assert d["fits"] is False and all(s["longest_sequence"] == 0 for s in d["what_fits"])
     assert "nothing fits on these GPUs: even with SM70_KV_CACHE_BYTES=0" in r.stderr
-    assert "SM70_STATE_BLOCK_MULTIPLIER=1 the weights" in r.stderr
+    assert "SM70_MAX_NUM_SEQS=1 the weights" in r.stderr
+    # the served path reserves no state slots: the multiplier is never offered there
+    assert "SM70_STATE_BLOCK_MULTIPLIER" not in r.stderr
     assert "longest single sequence is 0 tokens" not in r.stderr
 
 

@@ -476,6 +476,10 @@ RELAXATIONS: list[tuple[str, dict[str, Any]]] = [
     ("no speculative decoding (no MTP layer)", {"spec_method": "none"}),
     ("one sequence, one state slot", {"max_num_seqs": 1, "state_block_multiplier": 1}),
 ]
+# What a path ignores is never offered as a relaxation (the served path reserves no state
+# slots, so SM70_STATE_BLOCK_MULTIPLIER changes nothing there).
+_IGNORED = {SERVED: {"state_block_multiplier"}}
+_SERVED_LABELS = {"one sequence, one state slot": "one sequence"}
 _ENV = {"kv_cache_bytes": "SM70_KV_CACHE_BYTES", "max_logprobs": "SM70_MAX_LOGPROBS",
         "limit_images": "SM70_LIMIT_IMAGES", "limit_videos": "SM70_LIMIT_VIDEOS",
         "spec_method": "SM70_SPEC_METHOD", "spec_tokens": "SM70_SPEC_TOKENS",
@@ -493,8 +497,11 @@ def what_fits(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu]) -> list[di
     SM70_MAX_MODEL_LEN to the row's longest sequence gives a plan that fits."""
     steps: list[dict[str, Any]] = []
     changes: dict[str, Any] = {}
+    ignored = _IGNORED.get(inputs.path, set())
     for label, change in RELAXATIONS:
-        changes.update(change)
+        if inputs.path == SERVED:
+            label = _SERVED_LABELS.get(label, label)
+        changes.update({k: v for k, v in change.items() if k not in ignored})
         trial = compute_plan(model, replace(inputs, **changes), gpus)
         steps.append({
             "step": label,
