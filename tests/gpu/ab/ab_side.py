@@ -129,6 +129,19 @@ def _exclusive_gpu(name: str) -> Iterator[float]:
         fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def _bench_module(name: str) -> Any:
+    """bench/<name>.py by file path: the bench modules import no vllm_patch (stock stays
+    stock)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[3] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--side", choices=["stock", "ours"], required=True)
@@ -142,6 +155,8 @@ def main() -> int:
     ap.add_argument("--util", type=float, default=0.18)
     ap.add_argument("--bench", action="store_true", help="also bench/bench_vllm_decode.py")
     ap.add_argument("--quick-bench", action="store_true", help="the bench without b16 at 32K")
+    ap.add_argument("--profile", action="store_true",
+                    help="also bench/profile_vllm_ops.py (GPU time per op class)")
     ap.add_argument("--arch-path", choices=["native", "sm70"], default="native",
                     help="ours only: 'sm70' runs the Volta m8n8k4 instantiations (on the H200 "
                     "'native' is the sm_80+ timing code); correctness runs want sm70")
@@ -196,17 +211,18 @@ def main() -> int:
             res["phase_seconds"][phase] = round(time.time() - t, 2)
             flush()
         if a.bench:
-            import importlib.util
-
-            # By file path: the bench module imports no vllm_patch (stock stays stock).
-            path = Path(__file__).resolve().parents[3] / "bench" / "bench_vllm_decode.py"
-            spec = importlib.util.spec_from_file_location("bench_vllm_decode", path)
-            assert spec is not None and spec.loader is not None
-            bench = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(bench)
+            bench = _bench_module("bench_vllm_decode")
             t = time.time()
             res["bench"] = bench.measure(llm, a.max_len, quick=a.quick_bench)
             res["phase_seconds"]["bench"] = round(time.time() - t, 2)
+            flush()
+        if a.profile:
+            t = time.time()
+            try:
+                res["profile"] = _bench_module("profile_vllm_ops").measure(llm, a.max_len)
+            except Exception as exc:  # the A/B and the bench above stand without it
+                res["profile_error"] = f"{type(exc).__name__}: {exc}"
+            res["phase_seconds"]["profile"] = round(time.time() - t, 2)
             flush()
         if "vllm_patch.quantization.sm70_gptq" in sys.modules:
             from vllm_patch.quantization.sm70_gptq import CALLS

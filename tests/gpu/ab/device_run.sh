@@ -32,3 +32,6 @@ python3 tests/gpu/ab/run_ab.py --shape "$shape" --out "$OUT" --budget-s "$budget
 if [[ -f "$OUT/sides_$shape.json" ]] && grep -q '"bench"' "$OUT/sides_$shape.json"; then
   python3 bench/bench_vllm_decode.py "$OUT/sides_$shape.json" --out "$OUT/h200_vllm_decode.json"
 fi
+if [[ -f "$OUT/sides_$shape.json" ]] && grep -q '"profile"' "$OUT/sides_$shape.json"; then
+  python3 bench/profile_vllm_ops.py "$OUT/sides_$shape.json" --out "$OUT/h200_vllm_op_split.json"
+fi

@@ -155,7 +155,7 @@ def main() -> int:
         return 1
     modes = a.modes.split(",")
     procs: dict[str, subprocess.Popen] = {}
-    if "--bench" in extra:
+    if "--bench" in extra or "--profile" in extra:
         # Timed work must not share the GPU: the sides take turns once all have started.
         ready = work / "ready"
         shutil.rmtree(ready, ignore_errors=True)
@@ -203,7 +203,8 @@ def main() -> int:
         n: {k: s.get(k) for k in ("error", "startup_s", "total_s", "quantization",
                                   "cudagraph_mode", "capture_sizes", "model_summary",
                                   "plugin_imported", "plugin", "sm70_op_calls", "arch_path",
-                                  "phase_seconds", "max_memory_allocated", "bench")}
+                                  "phase_seconds", "max_memory_allocated", "bench", "profile",
+                                  "profile_error")}
         for n, s in sides.items()
     }
     for n, s in sides.items():
