@@ -1,0 +1,225 @@
+"""Every GPU job of a round in ONE device call: shared preparation once, then the jobs side by
+side, each within its own GPU memory share and the call's time budget.
+
+Run on the GPU machine from the repository root (the `run` tool, carry .device/vllm and
+.device/extra):
+
+    . .device/vllm/install.sh && . tests/gpu/device_env.sh && \
+        python3 tests/gpu/round_call.py --out $OUT --budget-s 520 [--only suite,fmha]
+
+Preparation (overlapped): our package with its entry point into /tmp/sm70-site (run_ab's
+`install_plugin`), our ops built once into /tmp/sm70-ops-cache, the tiny and the real-shape
+slice checkpoints (make_checkpoint.py) in /tmp/ab/{tiny,slice}. A job starts as soon as what it
+needs exists, as `python3 <script> --out <dir> --budget-s <seconds left>` with SM70_AB_TINY,
+SM70_AB_SLICE, SM70_SITE, SM70_KERNELS_BUILD_DIR and SM70_GPU_SHARE in its environment, in its
+own process group (killed whole at the deadline). Only a few files may come back from the
+device, so everything a job writes lands in $OUT/results.tgz (rewritten every minute, so a
+call stopped from outside still returns what was done) and $OUT/round.json says per job its
+exit status, seconds and summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+AB = ROOT / "tests" / "gpu" / "ab"
+OPS_CACHE = "/tmp/sm70-ops-cache"
+CKPT = Path("/tmp/ab")
+
+
+@dataclass
+class Job:
+    name: str
+    cmd: list[str]
+    needs: set[str]
+    share: float
+    proc: subprocess.Popen | None = None
+    started: float | None = None
+    ended: float | None = None
+    rc: int | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def jobs(py: str) -> list[Job]:
+    """The round's jobs; a missing script is reported as such, not skipped silently."""
+    def script(rel: str, name: str, needs: set[str], share: float) -> Job:
+        return Job(name, [py, str(ROOT / rel)], needs, share)
+
+    return [
+        Job("suite", ["bash", str(ROOT / "tests/gpu/run_on_device.sh"), "-n", "3"],
+            {"ops"}, 0.04, extra_env={"MUTANT_PARALLEL": "2"}),
+        Job("allreduce1", [py, "-m", "pytest", "-q", "-m", "gpu", "--noconftest", "-p",
+                           "no:cacheprovider", "-rf", str(ROOT / "tests/test_allreduce_gpu.py")],
+            {"ops"}, 0.02),
+        script("tests/gpu/fmha/device_fmha.py", "fmha", {"ops"}, 0.04),
+        script("tests/gpu/clef/device_clef.py", "clef", {"ops"}, 0.04),
+        script("tests/gpu/attention/device_backend_ab.py", "backend", {"ops", "tiny"}, 0.2),
+        script("tests/gpu/gdn/device_gdn.py", "gdn", {"ops", "tiny"}, 0.15),
+        script("tests/gpu/serving/device_spec_prefix.py", "spec_prefix", {"ops", "tiny"}, 0.12),
+        script("tests/gpu/serving/device_openai.py", "openai", {"ops", "tiny"}, 0.07),
+        script("tests/gpu/logprobs/device_logprobs.py", "logprobs", {"ops", "slice"}, 0.28),
+    ]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def pack(out: Path, work: Path) -> None:
+    """results.tgz of everything under work (logs capped by the jobs themselves)."""
+    tmp = out / "results.tgz.tmp"
+    with tarfile.open(tmp, "w:gz") as tf:
+        tf.add(work, arcname="round")
+    tmp.replace(out / "results.tgz")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--budget-s", type=float, default=520)
+    ap.add_argument("--only", default="", help="comma-separated job names (default: all)")
+    a = ap.parse_args()
+    t0 = time.time()
+    deadline = t0 + a.budget_s
+    out = a.out
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    sys.path.insert(0, str(AB))
+    from run_ab import install_plugin, side_env
+
+    state: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                             "prep": {}, "jobs": {}}
+
+    def flush() -> None:
+        state["elapsed_s"] = round(time.time() - t0, 1)
+        (out / "round.json").write_text(json.dumps(state, indent=1))
+
+    prep_logs = work / "prep"
+    prep_logs.mkdir(exist_ok=True)
+    state["prep"]["install"] = install_plugin(prep_logs)
+    base_env = {"SM70_KERNELS_BUILD_DIR": OPS_CACHE, "TORCH_CUDA_ARCH_LIST": "9.0",
+                "SM70_AB_TINY": str(CKPT / "tiny"), "SM70_AB_SLICE": str(CKPT / "slice"),
+                "SM70_SITE": "/tmp/sm70-site", "PYTHONUNBUFFERED": "1", "MAX_JOBS": "16"}
+    os.environ.update(base_env)
+
+    def bg(cmd: list[str], env: dict[str, str], name: str) -> subprocess.Popen:
+        fh = open(prep_logs / f"{name}.log", "w")  # noqa: SIM115 (lives with the process)
+        return subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    ops_env = side_env("ours", {"PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
+                                **base_env})
+    build = bg([py, "-c", "import time; t=time.time(); from vllm_patch.ops.loader import "
+                "load_ops; print(load_ops(verbose=True)); print('build_s', time.time()-t)"],
+               ops_env, "ops_build")
+    ck_env = side_env("stock", {"PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"})
+    ck_cmd = (f"{py} {AB / 'make_checkpoint.py'} --shape tiny --out {CKPT / 'tiny'} && "
+              f"touch {CKPT / 'tiny.done'} && "
+              f"{py} {AB / 'make_checkpoint.py'} --shape slice --out {CKPT / 'slice'} && "
+              f"touch {CKPT / 'slice.done'}")
+    ckpt = bg(["bash", "-c", ck_cmd], ck_env, "checkpoints")
+
+    selected = {s for s in a.only.split(",") if s}
+    todo = [j for j in jobs(py) if not selected or j.name in selected]
+    for j in todo:
+        if j.cmd[0] == py and not Path(j.cmd[1]).exists():
+            state["jobs"][j.name] = {"rc": None, "error": f"script {j.cmd[1]} does not exist"}
+            j.rc = -999
+    todo = [j for j in todo if j.rc is None]
+    have: set[str] = set()
+    last_pack = 0.0
+    while time.time() < deadline:
+        if "ops" not in have and build.poll() is not None:
+            state["prep"]["ops_build_rc"] = build.returncode
+            state["prep"]["ops_build_tail"] = (prep_logs / "ops_build.log").read_text()[-1500:]
+            if build.returncode == 0:
+                have.add("ops")
+            else:
+                have.add("ops_failed")
+            log(f"ops build rc={build.returncode}")
+        for shape in ("tiny", "slice"):
+            if shape not in have and (CKPT / f"{shape}.done").exists():
+                have.add(shape)
+                log(f"checkpoint {shape} ready")
+        if ckpt.poll() not in (None, 0):
+            state["prep"]["checkpoints_rc"] = ckpt.returncode
+        for j in todo:
+            if j.proc is None and j.needs <= have:
+                left = deadline - time.time() - 10
+                jd = work / j.name
+                jd.mkdir(exist_ok=True)
+                cmd = [*j.cmd, "--out", str(jd), "--budget-s", str(int(left))]
+                env = dict(os.environ, SM70_GPU_SHARE=str(j.share), OUT=str(jd), **j.extra_env)
+                env["PYTHONPATH"] = f"{ROOT}:{env.get('PYTHONPATH', '')}"
+                if j.name in ("suite", "allreduce1"):
+                    cmd = list(j.cmd)  # their own arguments; OUT in the environment
+                fh = open(jd / "run.log", "w")  # noqa: SIM115 (lives with the process)
+                j.proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                          cwd=ROOT, start_new_session=True)
+                j.started = time.time()
+                log(f"{j.name} started ({int(left)} s left)")
+        for j in todo:
+            if j.proc is not None and j.rc is None and j.proc.poll() is not None:
+                j.rc, j.ended = j.proc.returncode, time.time()
+                log(f"{j.name} rc={j.rc} after {j.ended - (j.started or j.ended):.0f} s")
+        for j in todo:
+            info: dict[str, Any] = {"rc": j.rc, "needs": sorted(j.needs), "share": j.share}
+            if j.started:
+                info["seconds"] = round((j.ended or time.time()) - j.started, 1)
+            summ = work / j.name / "summary.json"
+            if summ.exists():
+                try:
+                    info["summary"] = json.loads(summ.read_text())
+                except ValueError:
+                    info["summary"] = "unreadable"
+            state["jobs"][j.name] = info
+        state["have"] = sorted(have)
+        flush()
+        if all(j.rc is not None for j in todo) or "ops_failed" in have:
+            break
+        if ckpt.poll() is not None and build.poll() is not None:
+            # prep is over: a job still waiting now waits for a checkpoint that failed
+            waiting = [j for j in todo if j.proc is None]
+            running = [j for j in todo if j.proc is not None and j.rc is None]
+            if not running and all(not j.needs <= have for j in waiting):
+                break
+        if time.time() - last_pack > 60:
+            pack(out, work)
+            last_pack = time.time()
+        time.sleep(3)
+    for j in todo:
+        if j.proc is not None and j.rc is None:
+            try:
+                os.killpg(j.proc.pid, signal.SIGTERM)
+                time.sleep(2)
+                os.killpg(j.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            j.proc.wait()
+            state["jobs"][j.name]["rc"] = "killed at the deadline"
+            log(f"{j.name}: killed at the deadline")
+        elif j.proc is None:
+            state["jobs"][j.name]["rc"] = "never started (needs: " + ",".join(
+                sorted(j.needs - have)) + ")"
+    for p in (build, ckpt):
+        if p.poll() is None:
+            p.kill()
+    flush()
+    pack(out, work)
+    log(json.dumps({n: v.get("rc") for n, v in state["jobs"].items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
