@@ -57,6 +57,7 @@ def register() -> dict[str, Any]:
         report["custom_ops"] = _load_custom_ops()
         report["attention_backend"] = _register_attention_backend()
         report["quantization"] = _register_quantization(config)
+        report["prompt_logprobs"] = _install_prompt_logprobs(config)
         _state.update(report)
         logger.info("sm70 plugin registered: custom ops %s, attention backend %s, "
                     "quantization %s", report["custom_ops"], report["attention_backend"],
@@ -141,3 +142,14 @@ def _register_quantization(config: Any) -> str:
     from vllm_patch.quantization import sm70_gptq
 
     return sm70_gptq.register(config.gemm.gemv_max_rows, config.gemm.int8_lm_head)
+
+
+def _install_prompt_logprobs(config: Any) -> str:
+    """R5 of runtime_patches/README.md; `logprobs.prompt_chunk` 0 leaves vLLM's own path."""
+    if config.logprobs.prompt_chunk <= 0:
+        return "off (logprobs.prompt_chunk is 0)"
+    if importlib.util.find_spec("vllm") is None:
+        return "absent (vLLM not installed)"
+    from vllm_patch.logprobs import runner_patch
+
+    return runner_patch.install_or_refuse(config.logprobs.prompt_chunk)
