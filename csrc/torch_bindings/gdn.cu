@@ -1,7 +1,7 @@
 // torch bindings of the Gated DeltaNet family (issue 23): torch.ops.sm70.gdn_recurrent_decode,
-// gdn_conv1d_update and gdn_conv1d_prefill. Checks the arguments, allocates the output and launches on the current stream. The
-// kernels and their layouts are described in gdn/*.cuh; vllm_patch/ops/reference_gdn.py
-// defines what they compute.
+// gdn_conv1d_update and gdn_conv1d_prefill. Checks the arguments, allocates the output and
+// launches on the current stream. The kernels and their layouts are described in gdn/*.cuh;
+// vllm_patch/ops/reference_gdn.py defines what they compute.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -139,7 +139,8 @@ Tensor gdn_recurrent_decode(const Tensor& qkv, const Tensor& a, const Tensor& b,
   p.scale_slot_stride = scale_stride;
   p.query_start_loc = query_start_loc.data_ptr<int32_t>();
   p.state_indices = state_indices.data_ptr<int32_t>();
-  p.indices_stride = state_indices.dim() == 2 ? state_indices.stride(0) : 1;
+  // a column view such as vLLM's block_table[:, 0] keeps the table's row stride
+  p.indices_stride = state_indices.stride(0);
   p.cols = (int)cols;
   p.num_accepted = acc;
   p.out = hptr_mut(out);
@@ -208,7 +209,8 @@ Tensor conv_prepare(const Tensor& x, Tensor& conv_state, const Tensor& weight,
   p.weight = hptr(weight);
   p.query_start_loc = query_start_loc.data_ptr<int32_t>();
   p.state_indices = state_indices.data_ptr<int32_t>();
-  p.indices_stride = state_indices.dim() == 2 ? state_indices.stride(0) : 1;
+  // a column view such as vLLM's block_table[:, 0] keeps the table's row stride
+  p.indices_stride = state_indices.stride(0);
   p.dim = (int)D;
   p.silu = silu;
   return out;
