@@ -36,6 +36,7 @@ from vllm.model_executor.parameter import (
     RowvLLMParameter,
 )
 
+from vllm_patch.quantization import clef_correction
 from vllm_patch.quantization.rules import GptqRules, LayerScheme, QuantConfigError
 
 logger = logging.getLogger("vllm_patch.quantization")
@@ -232,10 +233,15 @@ class Sm70GptqLinearMethod(LinearMethodBase):
             delattr(layer, name)
         layer.register_parameter("qweight", torch.nn.Parameter(qw, requires_grad=False))
         layer.register_parameter("sm70_sz", torch.nn.Parameter(sz, requires_grad=False))
+        # Clef's correction for this layer's slices (layers 40-63, only with SM70_CLEF on)
+        clef_correction.attach(layer, self.prefix, qw.shape[0], qw.shape[1], qw.device)
 
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if clef_correction.is_corrected(layer):
+            rows = int(_settings["gemv_max_rows"])
+            return clef_correction.int8_linear(layer, x, bias, rows)
         return int8_linear(x, layer.qweight, layer.sm70_sz, layer.sm70_group_size, bias)
 
 
@@ -298,6 +304,9 @@ class Sm70GptqConfig(QuantizationConfig):
         rules = self.rules.with_mappings(fused=self.packed_modules_mapping)
         scheme = rules.scheme_for(prefix)
         if not scheme.quantized:
+            # qkv_proj and in_proj_ba stay fp16 but carry Clef's correction in layers 40-63
+            if clef_correction.corrects(prefix):
+                return clef_correction.unquantized_method(prefix, True)
             return UnquantizedLinearMethod()
         return Sm70GptqLinearMethod(self, scheme, prefix)
 
