@@ -48,6 +48,13 @@ TORCH_LIBRARY(sm70, m) {
       "-> Tensor");
   m.def("paged_decode_blocks_per_sm(int q_per_seq, int device=-1) -> int",
         &sm70_bindings::paged_decode_blocks_per_sm);
+  // chunked-prefill attention (torch_bindings/fmha.cu, docs/kernels.md)
+  m.def(
+      "fmha_prefill(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, "
+      "Tensor k_scale, Tensor v_scale, int[] cache_strides, int[] scale_strides, "
+      "Tensor block_table, Tensor query_start_loc, Tensor ctx_lens, int block_size, "
+      "int max_q_len, float sm_scale) -> Tensor");
+  m.def("fmha_tc_peak(Tensor(a!) out, int iters, bool wide) -> ()");
   m.def(
       "int8_gemm_lowrank(Tensor x, Tensor qw, Tensor sz, int group_size, Tensor? bias, "
       "Tensor? a_t, Tensor? b_t, Tensor? row_mask) -> Tensor");

@@ -1,0 +1,450 @@
+// Chunked-prefill attention (FMHA) on Volta tensor cores: head_dim 256, causal, GQA G:1,
+// variable-length sequences whose new queries attend to their earlier context in the paged
+// int8 KV cache and to the chunk's own fp16 K/V.
+//
+// What it computes, per sequence b with q_len = qsl[b+1] - qsl[b] new tokens after
+// ctx = ctx_lens[b] cached ones: query token t (absolute position ctx + t) of head h sees
+// keys j = 0 .. ctx + t, key j < ctx dequantised from the cache (int8 x its fp32 scale,
+// per token and KV head), key j >= ctx the chunk's own k/v row j - ctx (fp16);
+// out = softmax(sm_scale q K^T) V with fp32 scores, statistics and accumulators.
+//
+// Tiling. One block = one KV head and 64 query rows of one sequence, a row being a
+// (token, query head of the group) pair: row m = token m / G, head kvh * G + m % G, so the
+// G heads sharing a KV head share every K/V tile that is loaded (the tiles are the bytes
+// a long context moves, and the row packing also keeps short chunks from idling rows).
+// Keys go by in tiles of 32. 8 warps: for S = Q K^T warp w owns rows 16 (w % 4) .. +15
+// and keys 16 (w / 4) .. +15 of the tile; for O += P V the same rows and head dims
+// 128 (w / 4) .. +127 (64 fp32 accumulators per lane). Each m8n8k4 instruction is a
+// 16 x 16 tile: quad pair p takes rows 8 (p & 1) and columns 8 (p >> 1) of it.
+// The softmax runs between the two products on 4 threads per row, each keeping the row's
+// running max and sum in registers for the whole kernel; it writes P (fp16) and the row's
+// rescale factor to shared memory. The next tile's K/V bytes are loaded into registers
+// while the current tile is computed.
+//
+// Shared memory (dynamic; Volta gives a block at most 96 KB): Q 64 rows, K and V 32 rows
+// each (fp16, padded pitches), S 64 x 32 fp32, P 64 x 32 fp16, two floats per row. The
+// pitches put the 16 rows one fragment load touches on distinct banks (Q, K: 130 words
+// per row, V: 136, P: 18). One block per SM on a V100; 8 warps keep the tensor cores fed
+// without a second block.
+//
+// Architecture tags (common/arch.cuh): both arch::Sm70 and arch::Sm80 run this m8n8k4
+// code; there is no m16n8k16 body yet, so the H200 "native" path times the emulated
+// m8n8k4 instruction (fmha_tc_peak measures that ceiling in the same run).
+#pragma once
+
+#include "common/arch.cuh"
+#include "common/mma.cuh"
+#include "common/sm70.cuh"
+
+namespace sm70 {
+
+constexpr int kFmD = 256;       // head_dim
+constexpr int kFmRows = 64;     // query rows (token x group head) per block
+constexpr int kFmKeys = 32;     // keys per tile
+constexpr int kFmWarps = 8;
+constexpr int kFmThreads = kFmWarps * 32;
+constexpr int kFmQPitch = 260;  // halves per Q / K row in shared memory
+constexpr int kFmVPitch = 272;  // halves per V row
+constexpr int kFmSPitch = 36;   // floats per S row
+constexpr int kFmPPitch = 36;   // halves per P row
+
+constexpr int kFmQBytes = kFmRows * kFmQPitch * 2;
+constexpr int kFmKBytes = kFmKeys * kFmQPitch * 2;
+constexpr int kFmVBytes = kFmKeys * kFmVPitch * 2;
+constexpr int kFmSBytes = kFmRows * kFmSPitch * 4;
+constexpr int kFmPBytes = kFmRows * kFmPPitch * 2;
+constexpr int kFmSmemBytes = kFmQBytes + kFmKBytes + kFmVBytes + kFmSBytes + kFmPBytes +
+                             2 * kFmRows * 4;
+static_assert(kFmSmemBytes <= 96 * 1024, "Volta: at most 96 KB of shared memory per block");
+static_assert(kFmQBytes % 16 == 0 && kFmKBytes % 16 == 0 && kFmVBytes % 16 == 0 &&
+                  kFmSBytes % 16 == 0 && kFmPBytes % 16 == 0,
+              "16-byte aligned sub-buffers");
+
+struct FmhaPrefillParams {
+  const __half* q;      // [T, Hq, 256]
+  const __half* k;      // [T, Hkv, 256]: the chunk's own keys
+  const __half* v;      // [T, Hkv, 256]
+  const int8_t* k_cache;  // element (blk, tok, head, d) at blk*cs[0] + tok*cs[1] + head*cs[2] + d
+  const int8_t* v_cache;
+  const float* k_scale;  // element (blk, tok, head) at blk*ss[0] + tok*ss[1] + head*ss[2]
+  const float* v_scale;
+  const int* block_table;  // [B, bt_stride]
+  const int* query_start_loc;  // [B + 1]
+  const int* ctx_lens;         // [B]
+  __half* out;                 // [T, Hq, 256]
+  int64_t q_tok_stride, q_head_stride;  // in elements
+  int64_t k_tok_stride, k_head_stride;
+  int64_t v_tok_stride, v_head_stride;
+  int64_t out_tok_stride, out_head_stride;
+  int64_t cs_block, cs_token, cs_head;  // cache strides, elements (bytes)
+  int64_t ss_block, ss_token, ss_head;  // scale strides, elements
+  int bt_stride;
+  int block_size;
+  int group;  // G = Hq / Hkv
+  float scale_log2;  // sm_scale * log2(e)
+};
+
+// Raw bytes of one thread's share of a K/V tile: 32 dims of one key (8 threads per key).
+// kind 1: cache row (32 int8 in k[0..1], v[0..1] and the two scales); kind 2: the chunk's
+// fp16 row (64 bytes in k[0..3], v[0..3]); kind 0: no key (stored as zeros, so P = 0
+// times V stays 0).
+struct FmTileRegs {
+  uint4 k[4];
+  uint4 v[4];
+  float ks, vs;
+  int kind;
+};
+
+__device__ __forceinline__ void fm_load_tile(const FmhaPrefillParams& p, int kt, int kvh,
+                                             int ctx, int kv_len, int q0, const int* bt,
+                                             FmTileRegs& r) {
+  const int tid = threadIdx.x;
+  const int j = kt * kFmKeys + (tid >> 3);  // key
+  const int piece = tid & 7;                // dims 32 piece .. +31
+  if (j < ctx) {
+    const int blk = __ldg(bt + j / p.block_size);
+    const int off = j % p.block_size;
+    const int64_t row = (int64_t)blk * p.cs_block + (int64_t)off * p.cs_token +
+                        (int64_t)kvh * p.cs_head + piece * 32;
+    const uint4* kp = reinterpret_cast<const uint4*>(p.k_cache + row);
+    const uint4* vp = reinterpret_cast<const uint4*>(p.v_cache + row);
+    r.k[0] = __ldg(kp);
+    r.k[1] = __ldg(kp + 1);
+    r.v[0] = __ldg(vp);
+    r.v[1] = __ldg(vp + 1);
+    const int64_t srow =
+        (int64_t)blk * p.ss_block + (int64_t)off * p.ss_token + (int64_t)kvh * p.ss_head;
+    r.ks = __ldg(p.k_scale + srow);
+    r.vs = __ldg(p.v_scale + srow);
+    r.kind = 1;
+  } else if (j < kv_len) {
+    const int64_t t = q0 + (j - ctx);
+    const uint4* kp =
+        reinterpret_cast<const uint4*>(p.k + t * p.k_tok_stride + kvh * p.k_head_stride) +
+        piece * 4;
+    const uint4* vp =
+        reinterpret_cast<const uint4*>(p.v + t * p.v_tok_stride + kvh * p.v_head_stride) +
+        piece * 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r.k[i] = __ldg(kp + i);
+      r.v[i] = __ldg(vp + i);
+    }
+    r.kind = 2;
+  } else {
+    r.kind = 0;
+  }
+}
+
+// Four int8 (one word) times scale as two half2 words.
+__device__ __forceinline__ uint2 fm_dequant4(uint32_t w, float s) {
+  const __half2 a = __floats2half2_rn((float)(int8_t)(w & 0xffu) * s,
+                                      (float)(int8_t)((w >> 8) & 0xffu) * s);
+  const __half2 b = __floats2half2_rn((float)(int8_t)((w >> 16) & 0xffu) * s,
+                                      (float)(int8_t)(w >> 24) * s);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&a),
+                    *reinterpret_cast<const uint32_t*>(&b));
+}
+
+__device__ __forceinline__ void fm_store_tile(const FmTileRegs& r, __half* ks, __half* vs) {
+  const int tid = threadIdx.x;
+  const int key = tid >> 3;
+  const int d0 = (tid & 7) * 32;
+  uint2* kd = reinterpret_cast<uint2*>(ks + key * kFmQPitch + d0);  // 8-byte aligned rows
+  uint2* vd = reinterpret_cast<uint2*>(vs + key * kFmVPitch + d0);
+  if (r.kind == 1) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t kw[4] = {r.k[i].x, r.k[i].y, r.k[i].z, r.k[i].w};
+      const uint32_t vw[4] = {r.v[i].x, r.v[i].y, r.v[i].z, r.v[i].w};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        kd[4 * i + c] = fm_dequant4(kw[c], r.ks);
+        vd[4 * i + c] = fm_dequant4(vw[c], r.vs);
+      }
+    }
+  } else if (r.kind == 2) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      kd[2 * i] = make_uint2(r.k[i].x, r.k[i].y);
+      kd[2 * i + 1] = make_uint2(r.k[i].z, r.k[i].w);
+      vd[2 * i] = make_uint2(r.v[i].x, r.v[i].y);
+      vd[2 * i + 1] = make_uint2(r.v[i].z, r.v[i].w);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      kd[i] = make_uint2(0u, 0u);
+      vd[i] = make_uint2(0u, 0u);
+    }
+  }
+}
+
+// Grid: (row blocks of the longest chunk, B, Hkv), kFmThreads threads, kFmSmemBytes of
+// dynamic shared memory. Both tags run the m8n8k4 body (see the top of the file).
+template <class Arch>
+__global__ void __launch_bounds__(kFmThreads, 1)
+    fmha_prefill_kernel(const FmhaPrefillParams p) {
+  extern __shared__ __align__(16) unsigned char fm_smem[];
+  __half* qs = reinterpret_cast<__half*>(fm_smem);
+  __half* ks = reinterpret_cast<__half*>(fm_smem + kFmQBytes);
+  __half* vs = reinterpret_cast<__half*>(fm_smem + kFmQBytes + kFmKBytes);
+  float* ss = reinterpret_cast<float*>(fm_smem + kFmQBytes + kFmKBytes + kFmVBytes);
+  __half* ps =
+      reinterpret_cast<__half*>(fm_smem + kFmQBytes + kFmKBytes + kFmVBytes + kFmSBytes);
+  float* row_a = reinterpret_cast<float*>(fm_smem + kFmQBytes + kFmKBytes + kFmVBytes +
+                                          kFmSBytes + kFmPBytes);
+  float* row_l = row_a + kFmRows;
+
+  const int b = blockIdx.y;
+  const int kvh = blockIdx.z;
+  const int q0 = p.query_start_loc[b];
+  const int q_len = p.query_start_loc[b + 1] - q0;
+  const int ctx = p.ctx_lens[b];
+  const int G = p.group;
+  const int rows = q_len * G;
+  // the heaviest (latest) row blocks first: causal work grows with the row block
+  const int m0 = (gridDim.x - 1 - blockIdx.x) * kFmRows;
+  if (m0 >= rows) return;
+  const int kv_len = ctx + q_len;
+  const int t_last = min((m0 + kFmRows - 1) / G, q_len - 1);
+  const int n_tiles = (ctx + t_last + 1 + kFmKeys - 1) / kFmKeys;
+  const int* bt = p.block_table + (int64_t)b * p.bt_stride;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+
+  FmTileRegs raw;
+  fm_load_tile(p, 0, kvh, ctx, kv_len, q0, bt, raw);
+
+  // Q rows into shared memory: 32 threads per row (16 bytes each), 8 rows per pass;
+  // padding rows are zeros
+#pragma unroll
+  for (int i = 0; i < kFmRows / 8; ++i) {
+    const int r = (tid >> 5) + 8 * i;
+    const int m = m0 + r;
+    uint4 val = make_uint4(0u, 0u, 0u, 0u);
+    if (m < rows) {
+      const int t = m / G;
+      const int h = kvh * G + (m - t * G);
+      val = __ldg(reinterpret_cast<const uint4*>(p.q + (int64_t)(q0 + t) * p.q_tok_stride +
+                                                 (int64_t)h * p.q_head_stride) +
+                  lane);
+    }
+    uint2* dst = reinterpret_cast<uint2*>(qs + r * kFmQPitch + lane * 8);
+    dst[0] = make_uint2(val.x, val.y);
+    dst[1] = make_uint2(val.z, val.w);
+  }
+
+  // fragment coordinates (common/mma.cuh): quad pair qp, lane half hi, lane in quad l4
+  const int qp = (lane >> 2) & 3;
+  const int hi = lane >> 4;
+  const int l4 = lane & 3;
+  const int rg = warp & 3;   // row group: rows 16 rg .. +15
+  const int ch = warp >> 2;  // S: keys 16 ch .. +15; O: dims 128 ch .. +127
+  const int a_row = 16 * rg + 8 * (qp & 1) + l4 + 4 * hi;  // A fragment row (Q, P)
+  const int s_key = 16 * ch + 8 * (qp >> 1) + l4 + 4 * hi;  // B fragment key (K)
+  const int c_row0 = 16 * rg + 8 * (qp & 1) + (lane & 1) + 4 * hi;  // C row, + (i & 2)
+  const int c_col0 = 8 * (qp >> 1) + (lane & 2);                    // C column, + (i&4)+(i&1)
+
+  // softmax thread: row sm_row, columns 8 sm_part .. +7, its row's running statistics
+  const int sm_row = tid >> 2;
+  const int sm_part = tid & 3;
+  const int sm_m = m0 + sm_row;
+  const int sm_limit = sm_m < rows ? ctx + sm_m / G : -1;  // newest key the row sees
+  float run_m = kNegInf;
+  float run_l = 0.f;
+
+  float o[8][8];
+#pragma unroll
+  for (int s = 0; s < 8; ++s)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[s][i] = 0.f;
+
+  for (int kt = 0; kt < n_tiles; ++kt) {
+    fm_store_tile(raw, ks, vs);
+    if (kt + 1 < n_tiles) fm_load_tile(p, kt + 1, kvh, ctx, kv_len, q0, bt, raw);
+    __syncthreads();
+
+    // S = Q K^T for the warp's 16 x 16 tile, four independent accumulator chains over k
+    {
+      float acc[4][8];
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[c][i] = 0.f;
+      const __half* qa = qs + a_row * kFmQPitch;
+      const __half* kb = ks + s_key * kFmQPitch;
+#pragma unroll 16
+      for (int kk = 0; kk < kFmD / 4; ++kk) {
+        const uint2 av = *reinterpret_cast<const uint2*>(qa + 4 * kk);
+        const uint2 bv = *reinterpret_cast<const uint2*>(kb + 4 * kk);
+        const uint32_t a[2] = {av.x, av.y};
+        const uint32_t bb[2] = {bv.x, bv.y};
+        mma_m8n8k4(acc[kk & 3], a, bb);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int r = c_row0 + (i & 2);
+        const int c = 16 * ch + c_col0 + (i & 4) + (i & 1);
+        ss[r * kFmSPitch + c] = (acc[0][i] + acc[1][i] + acc[2][i] + acc[3][i]) * p.scale_log2;
+      }
+    }
+    __syncthreads();
+
+    // online softmax (log2 domain) of the tile, 4 threads per row
+    {
+      const float4 s0 = *reinterpret_cast<const float4*>(ss + sm_row * kFmSPitch + 8 * sm_part);
+      const float4 s1 =
+          *reinterpret_cast<const float4*>(ss + sm_row * kFmSPitch + 8 * sm_part + 4);
+      float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+      const int j0 = kt * kFmKeys + 8 * sm_part;
+      float mx = kNegInf;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        if (j0 + c > sm_limit) sv[c] = kNegInf;
+        mx = fmaxf(mx, sv[c]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(run_m, mx);
+      const float base = m_new == kNegInf ? 0.f : m_new;  // a row with no key yet
+      const float alpha = exp2f(run_m - base);
+      float sum = 0.f;
+      __half pv[8];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const float e = exp2f(sv[c] - base);  // masked: exp2(-inf) = 0
+        sum += e;
+        pv[c] = __float2half_rn(e);
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      run_l = run_l * alpha + sum;
+      run_m = m_new;
+      uint2* pd = reinterpret_cast<uint2*>(ps + sm_row * kFmPPitch + 8 * sm_part);
+      pd[0] = *reinterpret_cast<const uint2*>(&pv[0]);
+      pd[1] = *reinterpret_cast<const uint2*>(&pv[4]);
+      if (sm_part == 0) row_a[sm_row] = alpha;
+    }
+    __syncthreads();
+
+    // O = alpha O + P V over the warp's 16 rows x 128 dims
+    {
+      const float a_lo = row_a[c_row0];
+      const float a_hi = row_a[c_row0 + 2];
+#pragma unroll
+      for (int s = 0; s < 8; ++s)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[s][i] *= (i & 2) ? a_hi : a_lo;
+      const __half* pa = ps + a_row * kFmPPitch;
+#pragma unroll
+      for (int kk = 0; kk < kFmKeys / 4; ++kk) {
+        const uint2 av = *reinterpret_cast<const uint2*>(pa + 4 * kk);
+        const uint32_t a[2] = {av.x, av.y};
+        const __half* vb = vs + (4 * kk + l4) * kFmVPitch + 128 * ch + 8 * (qp >> 1) + 4 * hi;
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+          const uint2 bv = *reinterpret_cast<const uint2*>(vb + 16 * s);
+          const uint32_t bb[2] = {bv.x, bv.y};
+          mma_m8n8k4_rr(o[s], a, bb);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  if (sm_part == 0) row_l[sm_row] = run_l;
+  __syncthreads();
+
+  // out = O / l for the warp's rows that are real (token, head) pairs
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = c_row0 + 2 * hh;
+    const int m = m0 + r;
+    if (m >= rows) continue;
+    const float l = row_l[r];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int t = m / G;
+    const int h = kvh * G + (m - t * G);
+    __half* dst = p.out + (int64_t)(q0 + t) * p.out_tok_stride + (int64_t)h * p.out_head_stride +
+                  128 * ch + 8 * (qp >> 1) + (lane & 2);
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      // C columns (i & 4) + (lane & 2) + (i & 1): pairs i, i + 1 are adjacent columns
+#pragma unroll
+      for (int q4 = 0; q4 < 2; ++q4) {
+        const int i = 4 * q4 + 2 * hh;  // i & 2 = 2 hh, i & 4 = 4 q4
+        *reinterpret_cast<__half2*>(dst + 16 * s + 4 * q4) =
+            __floats2half2_rn(o[s][i] * inv, o[s][i + 1] * inv);
+      }
+    }
+  }
+}
+
+// The m8n8k4 (or, on sm_80+, m16n8k16) throughput ceiling: each warp runs `iters` rounds
+// of 8 independent accumulator chains from registers, no memory traffic; the sums go to
+// out[blockIdx.x * blockDim.x + threadIdx.x] so nothing is optimised away. WIDE: m16n8k16.
+template <bool WIDE>
+__global__ void __launch_bounds__(256) fmha_tc_peak_kernel(float* __restrict__ out, int iters) {
+  const uint32_t seed = threadIdx.x * 0x9e3779b9u;
+  const __half2 h = __floats2half2_rn((float)(seed & 7) * 0.001f, 0.002f);
+  const uint32_t w = *reinterpret_cast<const uint32_t*>(&h);
+  float total = 0.f;
+  if constexpr (WIDE) {
+    float acc[8][4];
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[c][i] = 0.f;
+    const uint32_t a[4] = {w, w ^ 1u, w, w ^ 2u};
+    const uint32_t bb[2] = {w ^ 3u, w};
+    for (int it = 0; it < iters; ++it)
+#pragma unroll
+      for (int c = 0; c < 8; ++c) mma_m16n8k16(acc[c], a, bb);
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) total += acc[c][i];
+  } else {
+    float acc[8][8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[c][i] = 0.f;
+    const uint32_t a[2] = {w, w ^ 1u};
+    const uint32_t bb[2] = {w ^ 3u, w};
+    for (int it = 0; it < iters; ++it)
+#pragma unroll
+      for (int c = 0; c < 8; ++c) mma_m8n8k4(acc[c], a, bb);
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) total += acc[c][i];
+  }
+  out[blockIdx.x * blockDim.x + threadIdx.x] = total;
+}
+
+#ifndef __CUDACC_RTC__
+template <class Arch>
+inline cudaError_t launch_fmha_prefill(const FmhaPrefillParams& p, int batch, int num_kv_heads,
+                                       int max_q_len, cudaStream_t stream) {
+  const int64_t max_rows = (int64_t)max_q_len * p.group;
+  if (batch == 0 || max_rows == 0) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(
+      fmha_prefill_kernel<Arch>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFmSmemBytes);
+  if (e != cudaSuccess) return e;
+  const dim3 grid((unsigned)((max_rows + kFmRows - 1) / kFmRows), (unsigned)batch,
+                  (unsigned)num_kv_heads);
+  fmha_prefill_kernel<Arch><<<grid, kFmThreads, kFmSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <bool WIDE>
+inline void launch_fmha_tc_peak(float* out, int blocks, int iters, cudaStream_t stream) {
+  fmha_tc_peak_kernel<WIDE><<<blocks, 256, 0, stream>>>(out, iters);
+}
+#endif
+
+}  // namespace sm70
