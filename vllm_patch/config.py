@@ -67,6 +67,9 @@ class GdnConfig:
     kernel: str = "sm70"
     chunk_size: int = 64
     state_dtype: str = "int16"
+    # Our decode rows inside vLLM's GDN layer (vllm_patch.gdn). Off until its GPU A/B has
+    # passed; no SM70_* setting sets it yet, only a plugin config written by hand (the A/B).
+    decode_layer: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ vLLM's hooks reach:
   of an unpatched vLLM, only when `vllm_patch.attention` really defines the class
   `Sm70PagedBackend` (a vLLM `AttentionBackend`); today it does not, so nothing is
   registered and sm70ctl's settings refuse SM70_ATTENTION_BACKEND=SM70_PAGED
-  (`attention_backend_defined`, which reads the source without importing vLLM).
+  (`attention_backend_defined`, which reads the source without importing vLLM);
+- the GDN layer's decode rows on our ops (vllm_patch.gdn, a `register_oot` subclass of
+  vLLM's layer), only when `gdn.decode_layer` is on (off by default).
 
 What hooks cannot reach (the archs vLLM's own kernels are compiled for) is in the patch
 series, applied at build time. Nothing here imports vLLM at import time.
@@ -58,6 +60,7 @@ def register() -> dict[str, Any]:
         report["attention_backend"] = _register_attention_backend()
         report["quantization"] = _register_quantization(config)
         report["prompt_logprobs"] = _install_prompt_logprobs(config)
+        report["gdn_layer"] = _register_gdn_layer(config)
         _state.update(report)
         logger.info("sm70 plugin registered: custom ops %s, attention backend %s, "
                     "quantization %s", report["custom_ops"], report["attention_backend"],
@@ -132,6 +135,19 @@ def _register_attention_backend() -> str:
     slot = getattr(AttentionBackendEnum, "SM70_PAGED", None) or AttentionBackendEnum.CUSTOM
     register_backend(slot, ATTENTION_CLASS)
     return f"{slot.name} -> {ATTENTION_CLASS}"
+
+
+def _register_gdn_layer(config: Any) -> str:
+    """vllm_patch.gdn's subclass of vLLM's GDN layer (decode rows on our ops), when asked."""
+    if not config.gdn.decode_layer:
+        return "off (gdn.decode_layer is false)"
+    if config.gdn.kernel != "sm70":
+        return f"off (gdn.kernel is {config.gdn.kernel})"
+    if importlib.util.find_spec("vllm") is None:
+        return "absent (vLLM not installed)"
+    from vllm_patch.gdn import layer
+
+    return layer.register()
 
 
 def _register_quantization(config: Any) -> str:

@@ -1,0 +1,116 @@
+"""vllm_patch.gdn.routing: which GDN steps our decode ops take, and the metadata rows they get.
+
+The metadata stand-ins carry the fields vLLM 0.22.1's GDNAttentionMetadata has
+(vllm/v1/attention/backends/gdn_attn.py), with lists in place of the int32 tensors (the
+routing only slices them), laid out as its builder does: full-graph steps pad the index and
+query-start tensors past the real sequence counts with the null block and empty sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from vllm_patch.gdn import routing
+
+SHAPE = routing.LayerShape(
+    activation_dtype="float16", ssm_state_dtype="float32", conv_state_dtype="float16",
+    a_log_dtype="float32", dt_bias_dtype="float16", head_k_dim=128, head_v_dim=128,
+    num_k_heads=8, num_v_heads=24, conv_kernel_size=4, activation="silu",
+    conv_state_dim_first=False, num_spec=3)
+
+
+def meta(**kw: Any) -> SimpleNamespace:
+    base: dict[str, Any] = dict(
+        num_prefills=0, num_prefill_tokens=0, num_decodes=0, num_decode_tokens=0,
+        num_spec_decodes=0, num_spec_decode_tokens=0, num_actual_tokens=0,
+        spec_sequence_masks=None, spec_query_start_loc=None, non_spec_query_start_loc=None,
+        spec_state_indices_tensor=None, non_spec_state_indices_tensor=None,
+        num_accepted_tokens=None)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def plain_decode_graph_step() -> SimpleNamespace:
+    """3 decodes padded to a graph of 8 tokens (builder: indices filled with 0 past 3,
+    query starts filled with the last real one)."""
+    return meta(num_decodes=3, num_decode_tokens=3, num_actual_tokens=8,
+                non_spec_query_start_loc=[0, 1, 2, 3, 3, 3, 3, 3, 3],
+                non_spec_state_indices_tensor=[7, 4, 9, 0, 0, 0, 0, 0])
+
+
+def spec_graph_step() -> SimpleNamespace:
+    """2 MTP rows of 1 + 3 tokens padded to a graph of 16 tokens."""
+    idx = [[11, 12, 13, 14], [21, 22, 23, 24]] + [[0, 0, 0, 0]] * 14
+    return meta(num_spec_decodes=2, num_spec_decode_tokens=8, num_actual_tokens=16,
+                spec_sequence_masks=[True, True] + [False] * 14,
+                spec_query_start_loc=[0, 4, 8] + [8] * 14,
+                spec_state_indices_tensor=idx, num_accepted_tokens=[2, 4] + [1] * 14)
+
+
+def test_route_sends_only_decode_only_steps_to_our_ops() -> None:
+    assert routing.route(None) == routing.STOCK_NO_METADATA
+    assert routing.route(plain_decode_graph_step()) == routing.OURS_DECODE
+    assert routing.route(spec_graph_step()) == routing.OURS_SPEC
+    # any prefill row sends the whole step to vLLM (FLA), with or without spec rows
+    assert routing.route(meta(num_prefills=1, num_decodes=2)) == routing.STOCK_PREFILL
+    mixed = spec_graph_step()
+    mixed.num_prefills = 1
+    assert routing.route(mixed) == routing.STOCK_PREFILL
+    assert routing.route(meta()) == routing.STOCK_EMPTY
+    assert routing.route(meta(spec_sequence_masks=[False], num_decodes=0)) == routing.STOCK_EMPTY
+    # an unsupported layer never reaches our ops, whatever the step
+    assert routing.route(plain_decode_graph_step(), "why") == routing.STOCK_UNSUPPORTED
+    assert routing.route(None, "why") == routing.STOCK_NO_METADATA
+
+
+def test_plain_decode_args_are_the_real_rows_only() -> None:
+    args = routing.decode_args(plain_decode_graph_step(), routing.OURS_DECODE)
+    assert args.num_seqs == 3
+    assert args.query_start_loc == [0, 1, 2, 3]
+    assert args.state_indices == [7, 4, 9]
+    assert args.num_accepted is None
+    assert args.num_tokens == 8  # the layer's rows: what vLLM's own path writes back
+
+
+def test_spec_args_keep_the_per_position_slots_and_acceptance() -> None:
+    args = routing.decode_args(spec_graph_step(), routing.OURS_SPEC)
+    assert args.num_seqs == 2
+    assert args.query_start_loc == [0, 4, 8]
+    assert args.state_indices == [[11, 12, 13, 14], [21, 22, 23, 24]]
+    assert args.num_accepted == [2, 4]
+    assert args.num_tokens == 16
+
+
+def test_decode_args_refuses_a_stock_route() -> None:
+    with pytest.raises(ValueError, match="decode_args takes"):
+        routing.decode_args(plain_decode_graph_step(), routing.STOCK_PREFILL)
+
+
+def test_the_model_layer_is_supported() -> None:
+    assert routing.unsupported_reason(SHAPE) is None
+    assert routing.unsupported_reason(dataclasses.replace(SHAPE, activation=None)) is None
+    assert routing.unsupported_reason(
+        dataclasses.replace(SHAPE, dt_bias_dtype="float32", num_spec=0)) is None
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"conv_state_dim_first": True}, "DS layout"),
+    ({"activation_dtype": "bfloat16"}, "activations are bfloat16"),
+    ({"conv_state_dtype": "bfloat16"}, "conv state is bfloat16"),
+    ({"ssm_state_dtype": "float16"}, "recurrent state is float16"),
+    ({"a_log_dtype": "float16"}, "A_log is float16"),
+    ({"dt_bias_dtype": "bfloat16"}, "dt_bias is bfloat16"),
+    ({"head_k_dim": 64}, "head sizes 64/128"),
+    ({"head_v_dim": 256}, "head sizes 128/256"),
+    ({"num_v_heads": 20}, "do not group"),
+    ({"conv_kernel_size": 3}, "conv width 3"),
+    ({"activation": "gelu"}, "activation 'gelu'"),
+    ({"num_spec": 8}, "8 speculative tokens"),
+])
+def test_unsupported_layers_say_why(change: dict[str, Any], words: str) -> None:
+    reason = routing.unsupported_reason(dataclasses.replace(SHAPE, **change))
+    assert reason is not None and words in reason

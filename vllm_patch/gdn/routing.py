@@ -1,0 +1,119 @@
+"""Which GDN batches our decode ops take, and what they are given (pure: no torch, no vLLM).
+
+vLLM 0.22.1's GDN metadata (vllm/v1/attention/backends/gdn_attn.py) sorts a step into three
+kinds of rows: prefills (chunked FLA), plain decodes (one token, state slot
+non_spec_state_indices_tensor[n]) and MTP verification rows (1 + k tokens, one state slot
+per position in spec_state_indices_tensor[n, :], initial state at column
+num_accepted_tokens[n] - 1). The two decode kinds never share a step (the builder turns
+plain decodes into prefills when spec rows exist). We take a step only when it holds decode
+rows alone; any step with a prefill goes to vLLM's own path whole, so the prefill and the
+decode rows FLA's chunk kernel absorbs there stay on FLA.
+
+In full CUDA-graph steps the builder pads the index and query-start tensors to the graph's
+batch with the null block (0) and empty sequences; the sequence counts it reports are the
+real ones, so the ops get exactly the first `num_decodes` (or `num_spec_decodes`) rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Where a step goes.
+STOCK_NO_METADATA = "stock:no_metadata"  # vLLM's warm-up / profile run
+STOCK_PREFILL = "stock:prefill"  # a prefill row is in the step
+STOCK_EMPTY = "stock:empty"  # no decode rows at all
+STOCK_UNSUPPORTED = "stock:unsupported"  # the layer's shapes or dtypes (unsupported_reason)
+OURS_DECODE = "sm70:decode"
+OURS_SPEC = "sm70:spec"
+
+HEAD_DIM = 128
+CONV_WIDTH = 4
+MAX_STATE_COLUMNS = 8  # the recurrent kernel's 1 + k limit
+SILU_NAMES = ("silu", "swish")
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What the layer is, as the support rule needs it (names as vLLM's layer spells them)."""
+
+    activation_dtype: str  # of mixed_qkv / a / b, e.g. "float16"
+    ssm_state_dtype: str
+    conv_state_dtype: str
+    a_log_dtype: str
+    dt_bias_dtype: str
+    head_k_dim: int
+    head_v_dim: int
+    num_k_heads: int  # per GPU
+    num_v_heads: int  # per GPU
+    conv_kernel_size: int
+    activation: str | None
+    conv_state_dim_first: bool
+    num_spec: int
+
+
+def unsupported_reason(s: LayerShape) -> str | None:
+    """None when our ops can run this layer's decode rows; else why not, in one line."""
+    if s.conv_state_dim_first:
+        return "conv state in the DS layout (VLLM_SSM_CONV_STATE_LAYOUT=DS); our conv needs SD"
+    if s.activation_dtype != "float16":
+        return f"activations are {s.activation_dtype}; our ops take float16"
+    if s.conv_state_dtype != "float16":
+        return f"conv state is {s.conv_state_dtype}; our conv takes float16"
+    if s.ssm_state_dtype != "float32":
+        return f"recurrent state is {s.ssm_state_dtype}; inside vLLM we run float32 only"
+    if s.a_log_dtype != "float32":
+        return f"A_log is {s.a_log_dtype}; our op takes float32"
+    if s.dt_bias_dtype not in ("float32", "float16"):
+        return f"dt_bias is {s.dt_bias_dtype}; our op takes float32 or float16"
+    if s.head_k_dim != HEAD_DIM or s.head_v_dim != HEAD_DIM:
+        return f"head sizes {s.head_k_dim}/{s.head_v_dim}; our kernels are built for 128/128"
+    if s.num_k_heads < 1 or s.num_v_heads % s.num_k_heads:
+        return f"{s.num_v_heads} value heads do not group over {s.num_k_heads} key heads"
+    if s.conv_kernel_size != CONV_WIDTH:
+        return f"conv width {s.conv_kernel_size}; our conv is width {CONV_WIDTH}"
+    if s.activation is not None and s.activation not in SILU_NAMES:
+        return f"activation {s.activation!r}; our conv applies SiLU or nothing"
+    if 1 + s.num_spec > MAX_STATE_COLUMNS:
+        return (f"{s.num_spec} speculative tokens; our kernel keeps at most "
+                f"{MAX_STATE_COLUMNS} state columns")
+    return None
+
+
+def route(meta: Any | None, unsupported: str | None = None) -> str:
+    """Where a step with this GDNAttentionMetadata (None: no metadata) goes."""
+    if meta is None:
+        return STOCK_NO_METADATA
+    if unsupported is not None:
+        return STOCK_UNSUPPORTED
+    if meta.num_prefills > 0:
+        return STOCK_PREFILL
+    if meta.spec_sequence_masks is not None:
+        return OURS_SPEC if meta.num_spec_decodes > 0 else STOCK_EMPTY
+    return OURS_DECODE if meta.num_decodes > 0 else STOCK_EMPTY
+
+
+@dataclass(frozen=True)
+class DecodeArgs:
+    """The metadata rows one decode step hands our two ops (sliced views of vLLM's own)."""
+
+    num_seqs: int
+    query_start_loc: Any  # [num_seqs + 1] int32
+    state_indices: Any  # [num_seqs] (plain) or [num_seqs, 1 + k] (MTP) int32
+    num_accepted: Any | None  # [num_seqs] int32, MTP only
+    num_tokens: int  # rows of mixed_qkv / a / b / core_attn_out the layer owns this step
+
+
+def decode_args(meta: Any, kind: str) -> DecodeArgs:
+    """Slice the metadata for a step `route` sent to OURS_DECODE or OURS_SPEC."""
+    if kind == OURS_DECODE:
+        n = int(meta.num_decodes)
+        return DecodeArgs(n, meta.non_spec_query_start_loc[: n + 1],
+                          meta.non_spec_state_indices_tensor[:n], None,
+                          int(meta.num_actual_tokens))
+    if kind == OURS_SPEC:
+        n = int(meta.num_spec_decodes)
+        return DecodeArgs(n, meta.spec_query_start_loc[: n + 1],
+                          meta.spec_state_indices_tensor[:n], meta.num_accepted_tokens[:n],
+                          int(meta.num_actual_tokens))
+    raise ValueError(f"decode_args takes {OURS_DECODE} or {OURS_SPEC}, got {kind!r}")
