@@ -6,7 +6,8 @@ The recurrent decode (torch.ops.sm70.gdn_recurrent_decode) is checked against
 reference_gdn.gdn_recurrent_reference in float64 on the model's per-GPU shapes (TP=2: 8 key
 and 24 value heads; TP=1: 16 / 48), plain decode ([N] slots, 1 token) and MTP verification
 ([N, 4] slots, 1..4 tokens, num_accepted 1..4), float32 and int16 state, with padding
-sequences (slot 0) and a page stride wider than one state, as vLLM's hybrid pages have.
+sequences (slot 0), a page stride wider than one state, as vLLM's hybrid pages have, and a
+plain decode's slots as a column view of a wider table (vLLM's block_table[:, 0]).
 
 Error model (float32 arithmetic, M = the largest L2 norm of a state row of that sequence
 and head over its initial and stored states, plus max |v|; scale = 128^-0.5 = |qn|): per
@@ -91,6 +92,17 @@ def layout(mode: str, batch: int, gen: torch.Generator):
     return lens, idx, acc
 
 
+def as_vllm_indices(idx: torch.Tensor) -> torch.Tensor:
+    """idx on the GPU as vLLM hands it over: a plain decode's [N] slots are column 0 of the
+    block table (block_table[:, 0], row stride 5 here); the other columns hold -7, so an op
+    that read the column as contiguous would skip sequences and fail the comparison."""
+    if idx.dim() != 1:
+        return idx.cuda()
+    table = torch.full((idx.numel(), 5), -7, dtype=torch.int32, device="cuda")
+    table[:, 0] = idx.cuda()
+    return table[:, 0]
+
+
 def row_magnitude(state64: torch.Tensor, slots: list[int]) -> torch.Tensor:
     """max over the given slots and rows of the rows' L2 norm, per head [HV]."""
     return state64[slots].norm(dim=-1).amax(dim=(0, 2))
@@ -117,7 +129,7 @@ def run_case(heads: str, mode: str, state_dtype: str, batch: int, seed: int,
         None if acc is None else acc.cpu(), h, SCALE, ref_scale)
     poison(tokens * hv * D * 2)
     out = kernels.gdn_recurrent_decode(
-        qkv, a, b, a_log, dt_bias, state, qsl.cuda(), idx.cuda(),
+        qkv, a, b, a_log, dt_bias, state, qsl.cuda(), as_vllm_indices(idx),
         None if acc is None else acc, h, SCALE, state_scale=scale)
     torch.cuda.synchronize()
     assert out.shape == (tokens, hv, D) and out.dtype == torch.float16
@@ -275,7 +287,8 @@ def test_gdn_conv1d_update(heads: str, mode: str) -> None:
     want = ref.conv1d_update_reference(x.cpu(), ref_state, weight.cpu(), bias.cpu(), qsl, idx,
                                        None if acc is None else acc.cpu())
     poison(x.numel() * 2)
-    out = kernels.gdn_conv1d_update(x, state, weight, bias, qsl.cuda(), idx.cuda(), acc)
+    out = kernels.gdn_conv1d_update(x, state, weight, bias, qsl.cuda(), as_vllm_indices(idx),
+                                    acc)
     torch.cuda.synchronize()
     named = set(idx.view(batch, -1)[:, 0].tolist())
     check_conv(out, want, conv_bound(x, before, weight, bias, want), state, ref_state, before,
