@@ -23,12 +23,28 @@ struct PdKPitch {
   static constexpr int value = Arch::kM16n8k16 ? kPdHeadDim + 64 : kPdHeadDim + 16;
 };
 
+// The KV cache as vLLM's allocator lays it out: a (block, token, head) row of D int8 codes
+// lives at k_cache + block * kv_blk_stride + token * kv_tok_stride + head * kv_head_stride
+// (bytes; V at the same offsets from v_cache), its fp32 scale at k_scale + block *
+// sc_blk_stride + token * sc_tok_stride + head * sc_head_stride (floats). No contiguity is
+// assumed: TRITON_ATTN's hybrid page puts K and V of a block side by side and each row's
+// scale in its 4 padding bytes (rows of D + 4 bytes), our own tests also use the packed
+// [block, head, token, D] order. vec16: every row starts 16-byte aligned (one 16-byte load
+// per loader thread); otherwise rows are only 4-byte aligned (260-byte rows) and each
+// thread issues four 4-byte loads for the same bytes.
 struct PagedDecodeParams {
   const __half* q;          // [B*QN, Hq, D], token stride q_tok_stride (elements)
-  const int8_t* k_cache;    // [num_blocks, Hkv, block_size, D]
+  const int8_t* k_cache;    // row (block, token, head) at the kv_* strides
   const int8_t* v_cache;
-  const float* k_scale;     // [num_blocks, Hkv, block_size]
+  const float* k_scale;     // scale (block, token, head) at the sc_* strides
   const float* v_scale;
+  int64_t kv_blk_stride;    // bytes
+  int64_t kv_tok_stride;
+  int64_t kv_head_stride;
+  int64_t sc_blk_stride;    // floats
+  int64_t sc_tok_stride;
+  int64_t sc_head_stride;
+  int vec16;
   const int* block_tables;  // [B, bt_stride]
   const int* seq_lens;      // [B], context length including the QN new tokens
   __half* out;              // [B*QN, Hq, D], token stride out_tok_stride

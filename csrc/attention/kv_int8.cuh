@@ -1,11 +1,15 @@
 // int8 KV cache, per token and head: the write (quantise K and V into paged blocks).
 //
-// Cache layout (one tensor each for K and V, per attention layer):
-//   cache [num_blocks, num_kv_heads, block_size, head_dim] int8
-//   scale [num_blocks, num_kv_heads, block_size] float32
-// so one (block, head) is block_size * head_dim contiguous bytes: the decode kernel reads
-// whole token rows of 256 B. x ~= scale * q with scale = max|x| / 127 over the head's
-// head_dim values and q = round(x / scale) in [-127, 127] (an all-zero row stores scale 0).
+// The cache is addressed through strides, as vLLM's allocator lays it out (no contiguity
+// assumed): the D int8 codes of (block, token-in-block, head) start at
+//   cache + block * blk_stride + token * tok_stride + head * head_stride   (bytes)
+// and its fp32 scale at
+//   scale + block * sc_blk_stride + token * sc_tok_stride + head * sc_head_stride (floats),
+// K and V each with their own base and the same strides. TRITON_ATTN's hybrid page (rows
+// of D + 4 bytes, the scale in the 4 padding bytes) and a packed [block, head, token, D]
+// cache are two instances. Rows need only 4-byte alignment: codes are stored as 4-byte
+// words. x ~= scale * q with scale = max|x| / 127 over the head's head_dim values and
+// q = round(x / scale) in [-127, 127] (an all-zero row stores scale 0).
 #pragma once
 
 #include "common/sm70.cuh"
@@ -14,6 +18,11 @@ namespace sm70 {
 
 constexpr int kKvWriteWarps = 4;
 
+struct KvCacheStrides {
+  int64_t blk, tok, head;           // bytes, of the codes
+  int64_t sc_blk, sc_tok, sc_head;  // floats, of the scales
+};
+
 // One warp quantises one (token, head, K-or-V) row of D values, D / 32 per lane.
 template <int D>
 __global__ void __launch_bounds__(kKvWriteWarps * 32)
@@ -21,6 +30,7 @@ __global__ void __launch_bounds__(kKvWriteWarps * 32)
                          int64_t k_tok_stride, int64_t v_tok_stride,  // in elements
                          int8_t* __restrict__ k_cache, int8_t* __restrict__ v_cache,
                          float* __restrict__ k_scale, float* __restrict__ v_scale,
+                         const KvCacheStrides st,
                          const int64_t* __restrict__ slot_mapping, int num_tokens,
                          int num_heads, int block_size) {
   static_assert(D % 256 == 0 || D == 128 || D == 64, "head_dim must be 64, 128 or 256k");
@@ -53,9 +63,9 @@ __global__ void __launch_bounds__(kKvWriteWarps * 32)
   const float inv = amax > 0.f ? 127.f / amax : 0.f;
 
   const int64_t blk = slot / block_size;
-  const int off = (int)(slot % block_size);
-  const int64_t base = ((blk * num_heads + h) * block_size + off);
-  int8_t* dst = (which ? v_cache : k_cache) + base * D + lane * PER;
+  const int64_t off = slot % block_size;
+  int8_t* dst = (which ? v_cache : k_cache) + blk * st.blk + off * st.tok + h * st.head +
+                lane * PER;
   uint32_t packed[PER / 4 > 0 ? PER / 4 : 1];
 #pragma unroll
   for (int j = 0; j < PER / 4; ++j) {
@@ -68,27 +78,24 @@ __global__ void __launch_bounds__(kKvWriteWarps * 32)
     }
     packed[j] = word;
   }
-  if constexpr (PER == 8) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
-  } else {
 #pragma unroll
-    for (int j = 0; j < PER / 4; ++j) reinterpret_cast<uint32_t*>(dst)[j] = packed[j];
-  }
-  if (lane == 0) (which ? v_scale : k_scale)[base] = amax / 127.f;
+  for (int j = 0; j < PER / 4; ++j) reinterpret_cast<uint32_t*>(dst)[j] = packed[j];
+  const int64_t sc = blk * st.sc_blk + off * st.sc_tok + h * st.sc_head;
+  if (lane == 0) (which ? v_scale : k_scale)[sc] = amax / 127.f;
 }
 
 #ifndef __CUDACC_RTC__
 template <int D>
 inline void launch_kv_int8_write(const __half* k, const __half* v, int64_t k_tok_stride,
                                  int64_t v_tok_stride, int8_t* k_cache, int8_t* v_cache,
-                                 float* k_scale, float* v_scale, const int64_t* slot_mapping,
-                                 int num_tokens, int num_heads, int block_size,
-                                 cudaStream_t stream) {
+                                 float* k_scale, float* v_scale, const KvCacheStrides& st,
+                                 const int64_t* slot_mapping, int num_tokens, int num_heads,
+                                 int block_size, cudaStream_t stream) {
   const int64_t rows = (int64_t)num_tokens * num_heads * 2;
   if (rows == 0) return;
   const int blocks = (int)((rows + kKvWriteWarps - 1) / kKvWriteWarps);
   kv_int8_write_kernel<D><<<blocks, kKvWriteWarps * 32, 0, stream>>>(
-      k, v, k_tok_stride, v_tok_stride, k_cache, v_cache, k_scale, v_scale, slot_mapping,
+      k, v, k_tok_stride, v_tok_stride, k_cache, v_cache, k_scale, v_scale, st, slot_mapping,
       num_tokens, num_heads, block_size);
 }
 #endif

@@ -114,30 +114,30 @@ __device__ __forceinline__ PdWork pd_block_work(const PagedDecodeParams& p, cons
 
 // The K/V tile loader: 16 threads per token row of 256 bytes, 8 token rows per pass, the
 // next tile's rows held in registers (kreg, vreg, kscr, vscr) while this one is computed.
+// Rows are addressed through the cache's block, token and head strides (decode_common.cuh).
 struct PdKvLoader {
   const int& lane;
   const int& warp;
   const int& ld_tok;  // 0..7
   const int& ld_piece;
-  const int& head_off;
+  const int64_t& kv_head;  // this block's KV head times the head strides
+  const int64_t& sc_head;
   const int* const& bt;  // the sequence's block table
   const int& bsz;
   const float& inv_bs;
-  const int& blk_stride;
   const int& t_end;
   uint4 (&kreg)[kPdTile / 8];
   uint4 (&vreg)[kPdTile / 8];
   float& kscr;
   float& vscr;
 
-  // Cache row (block * Hkv * block_size + head * block_size + offset; the launcher checks
-  // it fits 31 bits) of token t0 + lane. Each lane maps one token and the loaders fetch
-  // their 4 rows by shuffle: one mapping per token per warp instead of 5 per thread (the
-  // per-thread version was a quarter of the kernel's instructions). Tokens past the split
-  // read the split's last token instead: always a valid address, no predicates, and their
-  // scores are masked (P = 0) whatever they hold. The division is a float reciprocal,
-  // exact after one correction step.
-  __device__ __forceinline__ int row(int t0) const {
+  // (physical block, offset in it) of token t0 + lane. Each lane maps one token and the
+  // loaders fetch their 4 rows' offsets by shuffle: one mapping per token per warp instead
+  // of 5 per thread (the per-thread version was a quarter of the kernel's instructions).
+  // Tokens past the split read the split's last token instead: always a valid address, no
+  // predicates, and their scores are masked (P = 0) whatever they hold. The division is a
+  // float reciprocal, exact after one correction step.
+  __device__ __forceinline__ int2 slot(int t0) const {
     const int t = min(t0 + lane, t_end - 1);
     int blk_i = __float2int_rz((float)t * inv_bs);
     int off = t - blk_i * bsz;
@@ -148,20 +148,35 @@ struct PdKvLoader {
       ++blk_i;
       off -= bsz;
     }
-    return __ldg(bt + blk_i) * blk_stride + head_off + off;
+    return make_int2(__ldg(bt + blk_i), off);
   }
 
   __device__ __forceinline__ void load(const PagedDecodeParams& p, int t0) const {
-    const int my_row = row(t0);
+    const int2 s = slot(t0);
+    const int64_t my_row =
+        (int64_t)s.x * p.kv_blk_stride + (int64_t)s.y * p.kv_tok_stride + kv_head;
+    if (p.vec16) {
 #pragma unroll
-    for (int j = 0; j < kPdTile / 8; ++j) {
-      const int64_t rowi = __shfl_sync(0xffffffffu, my_row, ld_tok + 8 * j);
-      kreg[j] = __ldg(reinterpret_cast<const uint4*>(p.k_cache + rowi * kPdHeadDim) + ld_piece);
-      vreg[j] = __ldg(reinterpret_cast<const uint4*>(p.v_cache + rowi * kPdHeadDim) + ld_piece);
+      for (int j = 0; j < kPdTile / 8; ++j) {
+        const int64_t rowb = __shfl_sync(0xffffffffu, my_row, ld_tok + 8 * j) + 16 * ld_piece;
+        kreg[j] = __ldg(reinterpret_cast<const uint4*>(p.k_cache + rowb));
+        vreg[j] = __ldg(reinterpret_cast<const uint4*>(p.v_cache + rowb));
+      }
+    } else {  // rows 4-byte aligned only: the same 16 bytes as four words
+#pragma unroll
+      for (int j = 0; j < kPdTile / 8; ++j) {
+        const int64_t rowb = __shfl_sync(0xffffffffu, my_row, ld_tok + 8 * j) + 16 * ld_piece;
+        const unsigned* kw = reinterpret_cast<const unsigned*>(p.k_cache + rowb);
+        const unsigned* vw = reinterpret_cast<const unsigned*>(p.v_cache + rowb);
+        kreg[j] = make_uint4(__ldg(kw), __ldg(kw + 1), __ldg(kw + 2), __ldg(kw + 3));
+        vreg[j] = make_uint4(__ldg(vw), __ldg(vw + 1), __ldg(vw + 2), __ldg(vw + 3));
+      }
     }
     if (warp == 0) {  // the tile's 32 scales; the softmax scale rides on the K scale
-      kscr = __ldg(p.k_scale + my_row) * p.scale_log2;
-      vscr = __ldg(p.v_scale + my_row);
+      const int64_t sc =
+          (int64_t)s.x * p.sc_blk_stride + (int64_t)s.y * p.sc_tok_stride + sc_head;
+      kscr = __ldg(p.k_scale + sc) * p.scale_log2;
+      vscr = __ldg(p.v_scale + sc);
     }
   }
 
@@ -652,15 +667,15 @@ __global__ void __launch_bounds__(kPdWarps * 32, (PdMinBlocks<G, QN, Arch>::valu
   }
   const int ld_tok = tid >> 4;
   const int ld_piece = tid & 15;
-  const int head_off = kvh * p.block_size;
+  const int64_t kv_head = (int64_t)kvh * p.kv_head_stride;
+  const int64_t sc_head = (int64_t)kvh * p.sc_head_stride;
   const int* const bt = p.block_tables + (int64_t)b * p.bt_stride;
   const int bsz = p.block_size;
   const float inv_bs = 1.f / (float)bsz;
-  const int blk_stride = p.num_kv_heads * bsz;
   uint4 kreg[kPdTile / 8], vreg[kPdTile / 8];
   float kscr = 0.f, vscr = 0.f;
-  const PdKvLoader ld{lane,   warp,       ld_tok, ld_piece, head_off, bt,   bsz,
-                      inv_bs, blk_stride, t_end,  kreg,     vreg,     kscr, vscr};
+  const PdKvLoader ld{lane, warp,   ld_tok, ld_piece, kv_head, sc_head, bt,  bsz,
+                      inv_bs, t_end, kreg,  vreg,     kscr,    vscr};
   if (t_begin < t_end) ld.load(p, t_begin);
 
   const int gq = lane >> 2, t4 = lane & 3;

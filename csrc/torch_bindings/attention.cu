@@ -18,6 +18,37 @@
 namespace sm70_bindings {
 namespace {
 
+// The KV cache views both ops take: k/v [num_blocks, Hkv, block_size, 256] int8 and their
+// scales [num_blocks, Hkv, block_size] float32, with any strides (vLLM's hybrid page is not
+// contiguous: attention/kv_int8.cuh), V sharing K's strides and V's scales K's scale
+// strides. Rows must be 4-byte aligned (the kernels move codes as 4-byte words).
+void check_kv_views(const Tensor& k_cache, const Tensor& v_cache, const Tensor& k_scale,
+                    const Tensor& v_scale) {
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(3) == 256 && v_cache.sizes() == k_cache.sizes(),
+              "caches must be [num_blocks, Hkv, block_size, 256] views");
+  TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.strides() == k_cache.strides(),
+              "cache rows must be contiguous and V must share K's strides");
+  TORCH_CHECK(k_scale.dim() == 3 && k_scale.size(0) == k_cache.size(0) &&
+                  k_scale.size(1) == k_cache.size(1) && k_scale.size(2) == k_cache.size(2) &&
+                  v_scale.sizes() == k_scale.sizes() && v_scale.strides() == k_scale.strides(),
+              "scales must be [num_blocks, Hkv, block_size] views with one set of strides");
+  auto aligned4 = [](const Tensor& t) {
+    if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 4 != 0) return false;
+    for (int d = 0; d < t.dim() - 1; ++d)
+      if (t.stride(d) % 4 != 0) return false;
+    return true;
+  };
+  TORCH_CHECK(aligned4(k_cache) && aligned4(v_cache),
+              "cache rows must start 4-byte aligned (base and strides multiples of 4 bytes)");
+}
+
+bool aligned16(const Tensor& t) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int d = 0; d < t.dim() - 1; ++d)
+    if (t.stride(d) % 16 != 0) return false;
+  return true;
+}
+
 void kv_int8_write(const Tensor& key, const Tensor& value, Tensor& k_cache, Tensor& v_cache,
                    Tensor& k_scale, Tensor& v_scale, const Tensor& slot_mapping) {
   for (const Tensor* t : std::initializer_list<const Tensor*>{&key, &value, &k_cache, &v_cache,
@@ -35,20 +66,16 @@ void kv_int8_write(const Tensor& key, const Tensor& value, Tensor& k_cache, Tens
   TORCH_CHECK(key.stride(2) == 1 && key.stride(1) == 256 && value.stride(2) == 1 &&
                   value.stride(1) == 256,
               "key/value heads must be contiguous (token stride may differ)");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
-                  k_cache.size(1) == key.size(1) && k_cache.size(3) == 256,
-              "caches must be [num_blocks, H, block_size, 256]");
-  SM70_CHECK_CONTIG(k_cache);
-  SM70_CHECK_CONTIG(v_cache);
-  SM70_CHECK_CONTIG(k_scale);
-  SM70_CHECK_CONTIG(v_scale);
-  TORCH_CHECK(k_scale.numel() == k_cache.numel() / 256 && v_scale.numel() == k_scale.numel(),
-              "scales must be [num_blocks, H, block_size]");
+  check_kv_views(k_cache, v_cache, k_scale, v_scale);
+  TORCH_CHECK(k_cache.size(1) == key.size(1), "caches must have key's " +
+                                                  std::to_string(key.size(1)) + " heads");
   TORCH_CHECK(slot_mapping.numel() >= key.size(0), "slot_mapping shorter than key");
   const c10::cuda::CUDAGuard guard(key.device());
+  const sm70::KvCacheStrides st{k_cache.stride(0), k_cache.stride(2), k_cache.stride(1),
+                                k_scale.stride(0), k_scale.stride(2), k_scale.stride(1)};
   sm70::launch_kv_int8_write<256>(
       hptr(key), hptr(value), key.stride(0), value.stride(0), k_cache.data_ptr<int8_t>(),
-      v_cache.data_ptr<int8_t>(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(),
+      v_cache.data_ptr<int8_t>(), k_scale.data_ptr<float>(), v_scale.data_ptr<float>(), st,
       slot_mapping.data_ptr<int64_t>(), (int)key.size(0), (int)key.size(1),
       (int)k_cache.size(2), c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -81,13 +108,7 @@ Tensor paged_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   SM70_CHECK_DTYPE(seq_lens, at::kInt);
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 256 && q.stride(2) == 1 && q.stride(1) == 256,
               "q must be [tokens, Hq, 256] with contiguous heads");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(3) == 256 && k_cache.is_contiguous() &&
-                  v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes(),
-              "caches must be contiguous [num_blocks, Hkv, block_size, 256]");
-  TORCH_CHECK(k_scale.is_contiguous() && v_scale.is_contiguous(), "scales must be contiguous");
-  // the kernel indexes cache rows (token x head, 256 bytes each) with 31-bit integers
-  TORCH_CHECK(k_cache.numel() / 256 <= INT32_MAX,
-              "the KV cache must hold at most 2^31 - 1 token-head rows (512 GiB per cache)");
+  check_kv_views(k_cache, v_cache, k_scale, v_scale);
   const int64_t hkv = k_cache.size(1);
   const int64_t hq = q.size(1);
   TORCH_CHECK(hq == hkv * 6, "GQA 6:1 expected: Hq = " + std::to_string(hq) +
@@ -129,6 +150,13 @@ Tensor paged_decode(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   p.v_cache = v_cache.data_ptr<int8_t>();
   p.k_scale = k_scale.data_ptr<float>();
   p.v_scale = v_scale.data_ptr<float>();
+  p.kv_blk_stride = k_cache.stride(0);
+  p.kv_tok_stride = k_cache.stride(2);
+  p.kv_head_stride = k_cache.stride(1);
+  p.sc_blk_stride = k_scale.stride(0);
+  p.sc_tok_stride = k_scale.stride(2);
+  p.sc_head_stride = k_scale.stride(1);
+  p.vec16 = aligned16(k_cache) && aligned16(v_cache) ? 1 : 0;
   p.block_tables = block_tables.data_ptr<int>();
   p.seq_lens = seq_lens.data_ptr<int>();
   p.out = hptr_mut(out);
