@@ -1,4 +1,5 @@
-"""Clef beside chat: the CPU-side pieces (issue 25), pure Python, no torch or vLLM import.
+"""Clef beside chat: the CPU-side pieces (issue 25), pure Python, no torch or vLLM import
+(except `head_forward`, the head's torch forward pass, which nothing here imports).
 
 - `model_dims`: the base model's shapes, read from its `config.json` dict;
 - `layout`: which linears of decoder layers 40-63 carry a correction, with their A/B shapes;
@@ -7,8 +8,10 @@
 - `head`: the scoring head's config and tensors;
 - `manifest`, `validate`: `clef.json` and the whole `SM70_CLEF_DIR` check;
 - `routing`: which requests are Clef, its context limit, no speculative decoding;
-- `scoring`: the scoring endpoint's request validation and response shape.
+- `scoring`: the scoring endpoint's request validation and response shape;
+- `rows`: which rows of a batch are Clef's and which path a corrected layer takes;
+- `head_forward` (torch): the scoring head's forward pass.
 
-The correction inside the int8 GEMM and the head's forward pass run on the GPU and are not
-here (docs/clef.md says what is done and what is not).
+The correction inside our linear methods is vllm_patch/quantization/clef_correction.py
+(docs/clef.md says what is done and what is not).
 """
