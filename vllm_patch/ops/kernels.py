@@ -47,6 +47,13 @@ def int8_gemm(
     return _ops().int8_gemm_lowrank(x, qw, sz, group_size, bias, a_t, b_t, row_mask)
 
 
+def gptq_dequant(qw: Tensor, sz: Tensor, group_size: int, out: Tensor) -> Tensor:
+    """out [N, K] fp16 = W^T dequantised from the GEMV layout (scale * (q - zero), rounded
+    once); returns out."""
+    _ops().gptq_dequant(qw, sz, group_size, out)
+    return out
+
+
 def kv_int8_write(
     key: Tensor,
     value: Tensor,
@@ -158,3 +165,49 @@ def gdn_conv1d_prefill(
     return _ops().gdn_conv1d_prefill(
         x, conv_state, weight, bias, query_start_loc, state_indices, has_initial_state, silu
     )
+
+
+def fmha_prefill(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k_scale: Tensor,
+    v_scale: Tensor,
+    cache_strides: tuple[int, int, int],
+    scale_strides: tuple[int, int, int],
+    block_table: Tensor,
+    query_start_loc: Tensor,
+    ctx_lens: Tensor,
+    block_size: int,
+    max_q_len: int,
+    sm_scale: float,
+) -> Tensor:
+    """Causal chunked-prefill attention, head_dim 256, GQA Hq = G * Hkv: out [T, Hq, 256] fp16.
+
+    Sequence b's chunk is q/k/v rows query_start_loc[b] .. query_start_loc[b+1] - 1
+    (q [T, Hq, 256], k, v [T, Hkv, 256] fp16; token and head strides free, multiples of 8),
+    at absolute positions ctx_lens[b] + i; each query sees its sequence's ctx_lens[b]
+    earlier tokens in the paged int8 cache and the chunk's keys up to its own position.
+    Cache addressing: the int8 of (block, token in block, KV head, dim) is element
+    blk * cache_strides[0] + tok * cache_strides[1] + head * cache_strides[2] + dim of
+    k_cache / v_cache (counted from the tensor's first element; the strides are multiples
+    of 16), dequantised as int8 x the fp32 scale at blk * scale_strides[0] +
+    tok * scale_strides[1] + head * scale_strides[2] of k_scale / v_scale: any page layout,
+    K, V and scales in one page or apart. block_table [>= B, max_blocks] int32 maps token
+    j // block_size to its block; query_start_loc [B + 1] and ctx_lens [B] int32 on the
+    device; max_q_len (a host int, >= the longest chunk) sizes the grid without a sync.
+    The kernel trusts block_table and ctx_lens to name blocks inside the caches.
+    reference_fmha.fmha_prefill_reference defines the result."""
+    return _ops().fmha_prefill(
+        q, k, v, k_cache, v_cache, k_scale, v_scale, list(cache_strides), list(scale_strides),
+        block_table, query_start_loc, ctx_lens, block_size, max_q_len, sm_scale,
+    )
+
+
+def fmha_tc_peak(out: Tensor, iters: int, wide: bool = False) -> None:
+    """The tensor-core ceiling loop: out.numel() / 256 blocks of 8 warps, each warp `iters`
+    rounds of 8 independent m8n8k4 products (wide: m16n8k16, sm_80+ only) from registers;
+    one instruction is 2048 FLOPs (m16n8k16: 4096). For the benchmarks' denominators."""
+    _ops().fmha_tc_peak(out, iters, wide)
