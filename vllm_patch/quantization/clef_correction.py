@@ -240,7 +240,10 @@ def add_to_output(layer: torch.nn.Module, y: torch.Tensor, x: torch.Tensor) -> t
 def take(t: torch.Tensor, ranges: Ranges, dim: int) -> torch.Tensor:
     """The parts of t along `dim` in `ranges`, joined in order (a rank's shard)."""
     parts = [t.narrow(dim, lo, hi - lo) for lo, hi in ranges]
-    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)).contiguous()
+    if len(parts) > 1:
+        return torch.cat(parts, dim=dim)
+    # a copy, not a view: a view would keep the whole tensor's storage alive on the device
+    return parts[0].clone(memory_format=torch.contiguous_format)
 
 
 @dataclass
