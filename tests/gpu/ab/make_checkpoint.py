@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+SERVING = ROOT / "tests" / "gpu" / "serving"  # tiny_serving: chat template, processor configs
 REFERENCE_CONFIG = ROOT / "sm70ctl" / "data" / "qwen3.8-27b" / "config.json"
 GROUP = 128
 KEEP_FP16 = re.compile(
@@ -98,8 +99,10 @@ def full_config(s: dict) -> dict:
                           "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
                           "out_hidden_size": s["hidden"], "num_position_embeddings": 64,
                           "hidden_act": "gelu_pytorch_tanh", "deepstack_visual_indexes": []},
-        "vision_start_token_id": v - 62, "vision_end_token_id": v - 61,
-        "image_token_id": v - 60, "video_token_id": v - 59,
+        # the ids build_tokenizer gives these tokens (vLLM's Qwen3-VL processing finds the
+        # vision segments and their m-RoPE positions by these config ids)
+        "vision_start_token_id": v - 61, "vision_end_token_id": v - 60,
+        "image_token_id": v - 59, "video_token_id": v - 58,
         "tie_word_embeddings": False,
         "dtype": "float16",
         "torch_dtype": "float16",
@@ -112,7 +115,10 @@ def reference_quant_config() -> dict:
 
 def build_tokenizer(vocab: int, eos_id: int, out: Path) -> None:
     """Byte-level tokenizer: 256 byte tokens, the special tokens at the config's ids, fillers."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    if str(SERVING) not in sys.path:
+        sys.path.insert(0, str(SERVING))
+    from tiny_serving import add_serving_tokens, chat_template, write_serving_files
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -120,6 +126,8 @@ def build_tokenizer(vocab: int, eos_id: int, out: Path) -> None:
     special_ids = {VOCAB_SPECIALS[0]: eos_id}
     for i, tok in enumerate(VOCAB_SPECIALS[1:]):
         special_ids[tok] = vocab - 63 + i
+    # <think>, <tool_call> and the other tokens vLLM's reasoning and tool parsers need
+    serving = add_serving_tokens(table, vocab)
     used = set(table.values()) | set(special_ids.values())
     fill = (i for i in range(vocab) if i not in used)
     for tok, i in special_ids.items():
@@ -131,9 +139,12 @@ def build_tokenizer(vocab: int, eos_id: int, out: Path) -> None:
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
     tk.add_special_tokens(list(VOCAB_SPECIALS))
+    tk.add_tokens([AddedToken(t, special=False, normalized=False) for t in serving])
     fast = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=VOCAB_SPECIALS[0],
                                    pad_token=VOCAB_SPECIALS[0])
+    fast.chat_template = chat_template()
     fast.save_pretrained(str(out))
+    write_serving_files(out)
 
 
 def quantize_gptq(w, zero_offset: int = 1):
