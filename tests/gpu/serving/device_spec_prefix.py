@@ -115,6 +115,12 @@ def judge(engines: dict[str, dict[str, Any]], block: int,
         summary["engines"][n]["target_methods"] = ms.get("methods")
         summary["engines"][n]["lm_head_method"] = ms.get("lm_head_method")
         summary["engines"][n]["drafter"] = e.get("drafter_summary")
+    # The plan's block size is the first reporter's; a different one elsewhere would put
+    # that engine's cases off its own block boundaries.
+    summary["block_sizes"] = {n: ((engines.get(n) or {}).get("engine") or {}).get(
+        "block_size") for n in sc.ENGINES}
+    summary["plan_block_matches"] = {n: b == block for n, b in summary["block_sizes"].items()
+                                     if b is not None and n != "E0"}
     # A start-up error is vLLM refusing the combination (or failing on it): the finding.
     summary["refused"] = {n: e["error"] for n, e in engines.items()
                           if e.get("error") and not e.get("engine")}
