@@ -59,12 +59,20 @@ def device_counts() -> dict[str, int]:
     return total if _device_counts else {}
 
 
-def _bump_device(kind: str, device: torch.device) -> None:
+def _counts_for(device: torch.device) -> torch.Tensor | None:
+    """The device's counter, made on first use; never inside a graph capture (its zeroing
+    would be captured and replayed), so the layer makes it at construction."""
     counts = _device_counts.get(str(device))
-    if counts is None:
+    if counts is None and not torch.cuda.is_current_stream_capturing():
         counts = _device_counts[str(device)] = torch.zeros(
             len(_DEVICE_SLOTS), dtype=torch.int64, device=device)
-    counts[_DEVICE_SLOTS.index(kind)].add_(1)
+    return counts
+
+
+def _bump_device(kind: str, device: torch.device) -> None:
+    counts = _counts_for(device)
+    if counts is not None:
+        counts[_DEVICE_SLOTS.index(kind)].add_(1)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -78,6 +86,8 @@ class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
         super().__init__(*args, **kwargs)
         # Load (or build) the ops now, in the worker, before any CUDA-graph capture.
         load_ops()
+        if _count_on_device and torch.cuda.is_available():
+            _counts_for(torch.device("cuda", torch.cuda.current_device()))
         self._sm70_reason: str | None = None
         self._sm70_checked = False
 
