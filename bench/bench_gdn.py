@@ -206,8 +206,9 @@ def main() -> int:
     try:
         res = measure(a.out, a.budget_s)
     except Exception as exc:  # the driver reads the JSON; keep the failure in it
-        a.out.write_text(json.dumps({"rows": [], "errors": [{
-            "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}]}))
+        err = {"error": f"{type(exc).__name__}: {exc}",
+               "traceback": traceback.format_exc()[-3000:]}
+        a.out.write_text(json.dumps({"rows": [], "errors": [err]}))
         return 1
     return 0 if res["rows"] and not res["errors"] else 1
 
