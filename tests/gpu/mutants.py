@@ -186,6 +186,35 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "decode-packed-token-stride",
+        "paged decode steps from token to token by 256 bytes (the packed layout's stride) "
+        "instead of the cache's token stride: right on the packed cache, wrong on "
+        "TRITON_ATTN's page of 260-byte rows",
+        (Edit(PD, r"\(int64_t\)s\.y \* p\.kv_tok_stride", "(int64_t)s.y * 256", 1),),
+        (
+            (ATTN, "test_paged_decode",
+             {"ctxs": [17], "qn": 2, "arch": "native", "kv_layout": "triton"}),
+            (ATTN, "test_paged_decode",
+             {"ctxs": [1000, 7, 4096], "arch": "sm70", "kv_layout": "triton"}),
+        ),
+        (KV_CONTROL, (ATTN, "test_paged_decode",
+                      {"ctxs": [17], "qn": 2, "arch": "native", "kv_layout": "packed"})),
+    ),
+    Mutant(
+        "kv-write-scale-at-row-start",
+        "the KV write stores each scale at the codes' byte offset / 256 (the packed "
+        "cache's scale index) instead of through the scale strides",
+        (Edit("attention/kv_int8.cuh",
+              r"const int64_t sc = blk \* st\.sc_blk \+ off \* st\.sc_tok \+ h \* st\.sc_head;",
+              "const int64_t sc = (blk * st.blk + off * st.tok + h * st.head) / 256;", 1),),
+        (
+            (ATTN, "test_kv_int8_write", {"block_size": 64, "kv_layout": "triton"}),
+            (ATTN, "test_kv_int8_write", {"block_size": 528, "kv_layout": "triton"}),
+        ),
+        # on the packed cache that offset is the scale's own: the mutant passes there
+        ((ATTN, "test_kv_int8_write", {"block_size": 16, "kv_layout": "packed"}),),
+    ),
+    Mutant(
         "gdn-gqa-interleaved",
         "the recurrent decode maps value head hv to key head hv % H (an interleaved GQA "
         "layout) instead of hv / (HV / H)",

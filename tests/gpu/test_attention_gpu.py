@@ -3,6 +3,12 @@ GPU, through both architecture paths where they differ.
 
     python -m pytest -q -m gpu tests/gpu/test_attention_gpu.py
 
+Both ops run on two cache layouts with the same content: "packed" ([block, head, token, 256]
+contiguous, 16-byte aligned rows) and "triton" (TRITON_ATTN's int8_per_token_head page as
+vLLM allocates it for our backend: (block, K/V, token, head, 256 + 4) with each row's scale
+in its 4 padding bytes, so rows are only 4-byte aligned and the kernels take strided views;
+vllm_patch.attention.layout).
+
 Paged decode is checked against the float32 attention over the same dequantised cache, by
 relative error only (absolute bounds say nothing once a long context averages the outputs
 down): rel_err < 1e-3 and the largest error below 2e-3 of the largest output. A correct
@@ -29,6 +35,7 @@ pytestmark = [
 
 from gpu_common import arch_paths, poison, record, rel_err  # noqa: E402
 
+from vllm_patch.attention import layout  # noqa: E402
 from vllm_patch.ops import kernels  # noqa: E402
 from vllm_patch.ops import reference as ref  # noqa: E402
 
@@ -36,6 +43,34 @@ HQ, HKV, D = 12, 2, 256
 SM_SCALE = 1.0 / 16.0
 REL_BOUND = 1e-3
 MAX_BOUND = 2e-3  # largest |error| over the largest |output|
+
+
+LAYOUTS = ["packed", "triton"]
+
+
+@pytest.fixture(params=LAYOUTS)
+def kv_layout(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def triton_views(num_blocks: int, hkv: int, block_size: int):
+    """[k, v, k_scale, v_scale] views of a fresh TRITON_ATTN page (and the page)."""
+    page = layout.new_page(num_blocks, block_size, hkv, "cuda")
+    ks, vs = layout.scale_views(page)
+    return list(layout.op_views(page, ks, vs)), page
+
+
+def as_layout(cache: list, kv_layout: str) -> list:
+    """The same cache content in the layout asked for (packed: as given)."""
+    if kv_layout == "packed":
+        return cache
+    nb, hkv, bs, _ = cache[0].shape
+    views, _page = triton_views(nb, hkv, bs)
+    for dst, src in zip(views, cache[:4], strict=True):
+        dst.copy_(src)
+    assert not views[0].is_contiguous() and views[0].data_ptr() % 16 == 0
+    assert views[0].stride(2) == hkv * (D + 4)  # 260-byte rows: 4-byte aligned only
+    return views + list(cache[4:])
 
 
 @pytest.fixture(params=arch_paths())
@@ -66,7 +101,7 @@ def make_cache(num_blocks: int, hkv: int, block_size: int):
 
 
 @pytest.mark.parametrize("block_size", [16, 64, 528])
-def test_kv_int8_write(block_size):
+def test_kv_int8_write(block_size, kv_layout):
     gen = torch.Generator(device="cuda").manual_seed(block_size)
     t, nb = 300, 64
     # key/value as views of a fused qkv buffer (token stride larger than H * D)
@@ -76,7 +111,10 @@ def test_kv_int8_write(block_size):
     key[5].zero_()  # an all-zero row stores scale 0
     slots = torch.randperm(nb * block_size, device="cuda", generator=gen)[:t]
     slots[::17] = -1  # padding tokens are skipped
-    got = make_cache(nb, HKV, block_size)
+    # the triton views cover every byte of the page (256 codes and the 4-byte scale of
+    # each row), so comparing whole views also proves no other byte was written
+    got = (triton_views(nb, HKV, block_size)[0] if kv_layout == "triton"
+           else make_cache(nb, HKV, block_size))
     want = make_cache(nb, HKV, block_size)
     kernels.kv_int8_write(key, value, *got, slots)
     ref.kv_int8_write_reference(key, value, *want, slots)
@@ -89,7 +127,7 @@ def test_kv_int8_write(block_size):
 
 
 # ------------------------------------------------------------------ paged decode
-def fill_paged(ctxs, block_size, gen, extra_blocks=3, v_low=-127):
+def fill_paged(ctxs, block_size, gen, extra_blocks=3, v_low=-127, kv_layout="packed"):
     """Random int8 cache with a shuffled block table per sequence; v_low = 0 gives V codes
     of one sign, so every output is O(1) however long the context."""
     need = [math.ceil(c / block_size) for c in ctxs]
@@ -107,7 +145,7 @@ def fill_paged(ctxs, block_size, gen, extra_blocks=3, v_low=-127):
         tables[b, :n] = perm[start : start + n]
         start += n
     seq_lens = torch.tensor(ctxs, dtype=torch.int32, device="cuda")
-    return [k_cache, v_cache, k_scale, v_scale, tables, seq_lens]
+    return as_layout([k_cache, v_cache, k_scale, v_scale, tables, seq_lens], kv_layout)
 
 
 def decode(q, cache, qn, splits):
@@ -150,9 +188,9 @@ DECODE_CASES = [
 
 
 @pytest.mark.parametrize("ctxs,qn,block_size,splits", DECODE_CASES)
-def test_paged_decode(ctxs, qn, block_size, splits, arch):
+def test_paged_decode(ctxs, qn, block_size, splits, arch, kv_layout):
     gen = torch.Generator(device="cuda").manual_seed(len(ctxs) * 1000 + sum(ctxs) + qn)
-    cache = fill_paged(ctxs, block_size, gen)
+    cache = fill_paged(ctxs, block_size, gen, kv_layout=kv_layout)
     q = torch.randn(len(ctxs) * qn, HQ, D, device="cuda", generator=gen).half()
     out = decode(q, cache, qn, splits)
     want = want_of(q, cache, qn)
@@ -203,11 +241,11 @@ TAIL_CASES = [
 
 
 @pytest.mark.parametrize("ctxs,qn,splits", TAIL_CASES)
-def test_paged_decode_tail_dominated(ctxs, qn, splits, arch):
+def test_paged_decode_tail_dominated(ctxs, qn, splits, arch, kv_layout):
     """The newest keys carry the weight: a mask off by one, or the last tokens skipped,
     changes the output by O(1), which the bound cannot miss (checked on the reference)."""
     gen = torch.Generator(device="cuda").manual_seed(sum(ctxs) + 10 * qn + splits)
-    cache = fill_paged(ctxs, 16, gen)
+    cache = fill_paged(ctxs, 16, gen, kv_layout=kv_layout)
     q = torch.randn(len(ctxs) * qn, HQ, D, device="cuda", generator=gen).half()
     q = tail_dominated(cache, q, ctxs, qn)
     want = want_of(q, cache, qn)
@@ -218,12 +256,12 @@ def test_paged_decode_tail_dominated(ctxs, qn, splits, arch):
 
 
 @pytest.mark.parametrize("qn", [1, 4])
-def test_paged_decode_262k(qn, arch):
+def test_paged_decode_262k(qn, arch, kv_layout):
     """The full context, split as the serving rule sizes it, with V of one sign so the
     outputs stay O(1) (an all-zero output is an error of 1)."""
     gen = torch.Generator(device="cuda").manual_seed(262 + qn)
     ctx = 262144
-    cache = fill_paged([ctx], 16, gen, v_low=0)
+    cache = fill_paged([ctx], 16, gen, v_low=0, kv_layout=kv_layout)
     q = torch.randn(qn, HQ, D, device="cuda", generator=gen).half()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     blocks = kernels.paged_decode_blocks_per_sm(qn)
@@ -242,10 +280,10 @@ def test_paged_decode_blocks_per_sm(arch):
         assert kernels.paged_decode_blocks_per_sm(qn, device=0) == n
 
 
-def test_paged_decode_splits_agree(arch):
+def test_paged_decode_splits_agree(arch, kv_layout):
     """The same input through 1 split and through many gives the same answer."""
     gen = torch.Generator(device="cuda").manual_seed(11)
-    cache = fill_paged([3000, 1234], 16, gen)
+    cache = fill_paged([3000, 1234], 16, gen, kv_layout=kv_layout)
     q = torch.randn(2 * 4, HQ, D, device="cuda", generator=gen).half()
     one = decode(q, cache, 4, 1)
     for splits in (2, 37, 300):
@@ -253,14 +291,14 @@ def test_paged_decode_splits_agree(arch):
 
 
 @pytest.mark.parametrize("qn,splits", [(1, 1), (4, 1), (1, 5), (4, 9)])
-def test_paged_decode_rising_scores(qn, splits, arch):
+def test_paged_decode_rising_scores(qn, splits, arch, kv_layout):
     """K scales that grow along the context raise each row's maximum by ~30-40 (log2 units)
     over the 3,000 tokens: with one split the kernel's lazy running maximum has to rescale O
     several times (random caches settle after the first tile and never exercise that path);
     with 5 and 9 splits the splits' maxima differ by that much and the reduce weighs them."""
     gen = torch.Generator(device="cuda").manual_seed(77 + qn + splits)
     ctx, bs = 3000, 16
-    cache = fill_paged([ctx], bs, gen)
+    cache = fill_paged([ctx], bs, gen, kv_layout=kv_layout)
     n = math.ceil(ctx / bs)
     ramp = torch.linspace(0.01, 0.12, n * bs, device="cuda").view(n, 1, bs)
     cache[2][cache[4][0, :n].long()] = ramp
@@ -268,13 +306,14 @@ def test_paged_decode_rising_scores(qn, splits, arch):
     assert_attention_close(decode(q, cache, qn, splits), want_of(q, cache, qn), (qn, splits))
 
 
-def test_decode_write_then_read_roundtrip(arch):
+def test_decode_write_then_read_roundtrip(arch, kv_layout):
     """kv_int8_write feeds paged_decode: attention over written fp16 K/V ~ fp16 attention
     (the int8 quantisation of K and V dominates the error here, hence 2e-2)."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     ctx, bs, qn = 777, 16, 4
     nb = math.ceil(ctx / bs) + 1
-    k_cache, v_cache, k_scale, v_scale = make_cache(nb, HKV, bs)
+    k_cache, v_cache, k_scale, v_scale = (
+        triton_views(nb, HKV, bs)[0] if kv_layout == "triton" else make_cache(nb, HKV, bs))
     key = torch.randn(ctx, HKV, D, device="cuda", generator=gen).half()
     value = torch.randn(ctx, HKV, D, device="cuda", generator=gen).half()
     kernels.kv_int8_write(key, value, k_cache, v_cache, k_scale, v_scale,
@@ -293,12 +332,12 @@ def test_decode_write_then_read_roundtrip(arch):
     assert rel_err(out, want) < 2e-2
 
 
-def test_paged_decode_in_a_cuda_graph(arch):
+def test_paged_decode_in_a_cuda_graph(arch, kv_layout):
     """A batched, split decode captured once replays with new queries and new lengths (its
     workspaces come from the graph's pool; no host-side state baked in)."""
     gen = torch.Generator(device="cuda").manual_seed(31)
     ctxs = [3000, 700, 41]
-    cache = fill_paged(ctxs, 16, gen)
+    cache = fill_paged(ctxs, 16, gen, kv_layout=kv_layout)
     q = torch.zeros(len(ctxs) * 2, HQ, D, device="cuda").half()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
