@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,18 @@ def judge(engines: dict[str, dict[str, Any]], block: int,
                  for ph, v in t.items() if n != "E0"}
     summary["passed"] = sc.verdict(comps, trunc_all,
                                    {n: v for n, v in summary["prefix_cache"].items()})
+    acc = summary["acceptance"]
+    summary["headline"] = {
+        "block_size": block or None,
+        "equal": {n: {k: comps.get(f"{n}_vs_E0", {}).get(k) for k in (
+            "equal_requests", "requests", "passed")} for n in ("E1", "E2")},
+        "truncation_whole": {k: v["passed"] for k, v in trunc_all.items()},
+        "cache_exercised": {n: v.get("exercised") for n, v in summary["prefix_cache"].items()},
+        "tokens_per_step": {case: {n: (acc["measured"].get(case) or {}).get(n, {}).get(
+            "tokens_per_step") for n in ("E1", "E2")}
+            for case in (acc.get("repetitive_case"), "random") if case},
+        "repetitive_case": acc.get("repetitive_case"),
+    }
     return summary
 
 
@@ -272,7 +285,11 @@ def main() -> int:
 
     prompts = {} if stage2 is None else {ph: subs[0][0]["prompt"]
                                          for ph, subs in stage2["phases"].items()}
-    summary.update(judge(engines, int(summary.get("block_size") or 0), prompts))
+    try:
+        summary.update(judge(engines, int(summary.get("block_size") or 0), prompts))
+    except Exception as exc:  # engines.json holds every row; the verdict can be redone
+        summary["judge_error"] = f"{type(exc).__name__}: {exc}"
+        summary["judge_traceback"] = traceback.format_exc()[-3000:]
     flush()
     log(f"passed={summary['passed']}")
     return 0 if summary["passed"] else 1

@@ -46,7 +46,7 @@ MAX_LEN = 8192
 # Ids far below the tiny vocabulary's special tokens (vocab - 64 and up), as the A/B does.
 VOCAB_CAP = 1024
 SEED_PROMPT_LEN = 48
-SEED_NEW_TOKENS = 256
+SEED_NEW_TOKENS = 512  # a random model's greedy output has time to fall into a loop
 ENGINES = ("E0", "E1", "E2")
 
 
@@ -116,7 +116,7 @@ def expected_cached(shared: int, prompt_len: int, block: int) -> int:
 def stage1_plan(block: int, seed: int = 0, max_len: int = MAX_LEN) -> dict[str, Any]:
     """Phases in order; each phase is a list of submissions, each a list of requests.
 
-    `seed`: one random prompt, 256 new tokens (stage 2 is built from its output).
+    `seed`: one random prompt, 512 new tokens (stage 2 is built from its output).
     `prefix_<name>`: a group per prefix length (first request alone, then the rest).
     `trunc_cold` / `trunc_warm`: prompt + max_tokens on block-size multiples, submitted
     together, then again (the second time their prefixes are cached)."""
