@@ -33,6 +33,7 @@ ATTN = "tests/gpu/test_attention_gpu.py"
 GDN = "tests/gpu/test_gdn_gpu.py"
 GDN_DECODE = "gdn/recurrent_decode.cuh"
 GDN_CONV = "gdn/conv1d.cuh"
+FMHA = "tests/gpu/test_fmha_gpu.py"
 KV_CONTROL = (ATTN, "test_kv_int8_write", {"block_size": 16})
 
 
@@ -260,6 +261,19 @@ MUTANTS: tuple[Mutant, ...] = (
               "win[j] = ld_h2(x + (int64_t)(s - 2 + j)", 1),),
         ((GDN, "test_gdn_conv1d_prefill", {"lens": [1, 2, 3, 5, 64, 65, 200, 3000]}),
          (GDN, "test_gdn_conv1d_prefill", {"lens": [6000]})),
+    ),
+    Mutant(
+        "fmha-mask-one-key-ahead",
+        "the prefill attention's causal mask one key long (each query also sees the next "
+        "token's key)",
+        (Edit("attention/fmha_prefill.cuh", r"if \(j0 \+ c > sm_limit\)",
+              "if (j0 + c > sm_limit + 1)", 1),),
+        (
+            (FMHA, "test_fmha_prefill_matches_reference",
+             {"q_lens": [600], "ctxs": [0], "hq": 24, "layout": "heads_outer", "arch": "sm70"}),
+            (FMHA, "test_fmha_prefill_matches_reference",
+             {"q_lens": [129, 1, 300], "hq": 4, "layout": "page", "arch": "native"}),
+        ),
     ),
 )
 
