@@ -92,7 +92,9 @@ def serve_env(extra: dict[str, str]) -> dict[str, str]:
     env = side_env("ours", extra)
     # sm70ctl itself from the installed copy in SM70_SITE, else from the checkout
     env["PYTHONPATH"] = ":".join(p for p in (env.get("PYTHONPATH", ""), str(ROOT)) if p)
-    return env
+    # Settings come from the env file only: sm70ctl refuses SM70_* names it does not know
+    # (the round call's SM70_AB_TINY, SM70_GPU_SHARE...), and serve sets the kernel folder.
+    return {k: v for k, v in env.items() if not k.startswith("SM70_")}
 
 
 def serve_cmd(mode: str, env_file: Path, dry: bool) -> list[str]:
@@ -111,6 +113,8 @@ def dry_run(run: Run, env_file: Path, env: dict[str, str]) -> str | None:
         (run.out / f"dry_run_{mode}.txt").write_text(r.stdout + "\n--- stderr\n" + r.stderr)
         try:
             data = json.loads(r.stdout)
+            if "command_line" not in data:
+                raise ValueError(data.get("error"))
         except ValueError:
             run.summary.setdefault("dry_run_failures", {})[mode] = {
                 "rc": r.returncode, "stderr_tail": r.stderr[-1500:]}
@@ -636,9 +640,6 @@ def body(run: Run) -> int:
         run.write()
         return 1
 
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(model))
     console = open(run.out / "serve_console.log", "w")  # noqa: SIM115 - closed at the end
     t = time.time()
     proc = subprocess.Popen(serve_cmd(mode, env_file, dry=False), env=env, cwd=WORK,
@@ -647,6 +648,9 @@ def body(run: Run) -> int:
     run.write()
     base = f"http://127.0.0.1:{PORT}"
     try:
+        from transformers import AutoTokenizer  # after the start: the GPU check runs first
+
+        tok = AutoTokenizer.from_pretrained(str(model))
         ready = wait_ready(run, proc, base, max(10.0, run.left() - STOP_RESERVE_S - 30))
         run.summary["server"]["start_s"] = round(time.time() - t, 1)
         run.write()
