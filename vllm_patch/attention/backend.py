@@ -49,10 +49,17 @@ _count_on_device = False
 _lock = threading.Lock()
 
 
-def count_on_device(on: bool) -> None:
-    """Also count decode launches with a device-side add (seen by CUDA-graph replays)."""
+def count_on_device(on: bool, device: torch.device | str | None = None) -> None:
+    """Also count decode launches with a device-side add (seen by CUDA-graph replays). The
+    counter is made here, before any capture: made inside one, its zeroing would be part of
+    the graph and every replay would reset it."""
     global _count_on_device
     _count_on_device = on
+    if on:
+        dev = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
+        with _lock:
+            _device_counts.setdefault(dev.index or 0,
+                                      torch.zeros((), dtype=torch.int64, device=dev))
 
 
 def device_decode_count() -> int | None:
@@ -63,12 +70,9 @@ def device_decode_count() -> int | None:
 
 
 def _bump_device(device: torch.device) -> None:
-    idx = device.index or 0
-    t = _device_counts.get(idx)
-    if t is None:
-        with _lock:
-            t = _device_counts.setdefault(idx, torch.zeros((), dtype=torch.int64, device=device))
-    t.add_(1)
+    t = _device_counts.get(device.index or 0)
+    if t is not None:  # a device count_on_device did not prepare is not counted
+        t.add_(1)
 
 
 def slot_name() -> str:

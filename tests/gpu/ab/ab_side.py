@@ -40,24 +40,26 @@ def prompts(seed: int = 0, vocab_cap: int = 1024) -> list[list[int]]:
 
 def engine_kwargs(
     model: str, mode: str, max_batched: int, max_len: int = 4096, kv_gib: float = 2,
-    util: float = 0.18,
+    util: float = 0.18, attention_backend: str = "TRITON_ATTN", prefix_caching: bool = False,
 ) -> dict[str, Any]:
     kw: dict[str, Any] = dict(
         model=model,
         dtype="float16",
         kv_cache_dtype="int8_per_token_head",
-        attention_backend="TRITON_ATTN",
+        attention_backend=attention_backend,
         additional_config={"gdn_prefill_backend": "triton"},
         limit_mm_per_prompt={"image": 0, "video": 0},
         max_model_len=max_len,
         max_num_seqs=16,
         max_num_batched_tokens=max_batched,
         enable_chunked_prefill=True,
-        enable_prefix_caching=False,
+        enable_prefix_caching=prefix_caching,
         gpu_memory_utilization=util,
         kv_cache_memory_bytes=int(kv_gib * 1024**3),
         seed=0,
     )
+    if prefix_caching:  # a hybrid model caches GDN state only in align mode
+        kw["mamba_cache_mode"] = "align"
     if mode == "eager":
         kw["enforce_eager"] = True
     else:
@@ -83,6 +85,18 @@ def summarize_model(model: Any) -> dict[str, Any]:
     lm = getattr(getattr(model, "language_model", model), "lm_head", None)
     return {"methods": methods, "examples": examples, "param_bytes_by_dtype": params,
             "lm_head_method": type(getattr(lm, "quant_method", None)).__name__}
+
+
+def summarize_attention(model: Any) -> dict[str, int]:
+    """Which backend and impl class each attention layer got (a silent fallback shows)."""
+    out: dict[str, int] = {}
+    for _name, mod in model.named_modules():
+        impl, backend = getattr(mod, "impl", None), getattr(mod, "attn_backend", None)
+        if impl is None or backend is None:
+            continue
+        key = f"{backend.__module__}.{backend.__qualname__}:{type(impl).__qualname__}"
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 def run_phase(llm: Any, sp: Any, batch: list[list[int]]) -> list[dict[str, Any]]:
@@ -160,6 +174,10 @@ def main() -> int:
     ap.add_argument("--arch-path", choices=["native", "sm70"], default="native",
                     help="ours only: 'sm70' runs the Volta m8n8k4 instantiations (on the H200 "
                     "'native' is the sm_80+ timing code); correctness runs want sm70")
+    ap.add_argument("--attention-backend", default="TRITON_ATTN",
+                    help="vLLM's --attention-backend (ours: CUSTOM is the plugin's backend)")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="prefix caching on (mamba_cache_mode align)")
     a = ap.parse_args()
 
     res: dict[str, Any] = {"side": a.side, "mode": a.mode, "model": a.model, "phases": {},
@@ -175,7 +193,12 @@ def main() -> int:
         import torch
         from vllm import LLM, SamplingParams
 
-        kw = engine_kwargs(a.model, a.mode, a.max_batched, a.max_len, a.kv_gib, a.util)
+        kw = engine_kwargs(a.model, a.mode, a.max_batched, a.max_len, a.kv_gib, a.util,
+                           a.attention_backend, a.prefix_caching)
+        if a.side == "ours" and a.attention_backend != "TRITON_ATTN":
+            from vllm_patch.attention import backend as sm70_attention
+
+            sm70_attention.count_on_device(True)  # graph replays count too
         if a.side == "ours" and a.arch_path != "native":  # process-wide; the engine is here
             from vllm_patch.ops import kernels
 
@@ -190,6 +213,7 @@ def main() -> int:
         res["cudagraph_mode"] = str(cfg.compilation_config.cudagraph_mode)
         res["capture_sizes"] = list(cfg.compilation_config.cudagraph_capture_sizes or [])
         res["model_summary"] = llm.apply_model(summarize_model)[0]
+        res["attention_layers"] = llm.apply_model(summarize_attention)[0]
         res["plugin_imported"] = "vllm_patch.plugin" in sys.modules
         if res["plugin_imported"]:
             from vllm_patch.plugin import registered
@@ -201,7 +225,8 @@ def main() -> int:
         sp = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True,
                             logprobs=2, detokenize=False)
         ps = prompts()
-        plan = {"single": [[p] for p in ps[:4]], "batch4": [ps[4:8]], "batch16": [ps]}
+        plan = {"single": [[p] for p in ps[:4]], "batch4": [ps[4:8]], "batch16": [ps],
+                "p100": [[ps[5]]], "p3000": [[ps[13]]]}
         for phase in a.phases.split(","):
             t = time.time()
             rows: list[dict[str, Any]] = []
@@ -228,6 +253,11 @@ def main() -> int:
             from vllm_patch.quantization.sm70_gptq import CALLS
 
             res["sm70_op_calls"] = dict(CALLS)
+        if "vllm_patch.attention.backend" in sys.modules:
+            from vllm_patch.attention import backend as sm70_attention
+
+            res["attention_calls"] = dict(sm70_attention.CALLS)
+            res["attention_device_decodes"] = sm70_attention.device_decode_count()
         res["max_memory_allocated"] = torch.cuda.max_memory_allocated()
         next(gate, None)
     except Exception as exc:  # the driver reports it; keep what ran
