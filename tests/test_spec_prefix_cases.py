@@ -45,6 +45,9 @@ def test_prefix_groups_share_exactly_their_length_and_hit_inside_and_on_block_en
                 assert r["prompt"][length:length + 1] != base[length:length + 1] or \
                     r["prompt"][length:] != base[length:len(r["prompt"])]
         assert any(len(r["prompt"]) == length for r in rest)  # the prefix itself
+    (together,) = _requests(plan, "together_2b")
+    assert len(together) == len(sc.SUFFIXES) and together[0]["shared"] == 0
+    assert all(r["prompt"][:2 * BLOCK] == together[0]["prompt"][:2 * BLOCK] for r in together)
     # Groups do not share with each other (random ids): their first tokens differ.
     firsts = {tuple(_requests(plan, f"prefix_{n}")[0][0]["prompt"][:8]) for n in lengths}
     assert len(firsts) == len(lengths)
@@ -64,7 +67,8 @@ def test_truncation_requests_end_on_block_multiples_and_repeat_warm() -> None:
 
 def test_plan_skips_what_max_len_cannot_hold_and_refuses_tiny_blocks() -> None:
     plan = sc.stage1_plan(BLOCK, max_len=BLOCK + 200)
-    assert "prefix_2b" in plan["skipped"] and "prefix_b" in plan["phases"]
+    assert {"prefix_2b", "together_2b"} <= set(plan["skipped"])
+    assert "prefix_b" in plan["phases"]
     assert all(len(r["prompt"]) + r["max_tokens"] <= BLOCK + 200
                for subs in plan["phases"].values() for sub in subs for r in sub)
     with pytest.raises(sc.CaseError, match="block_size=4"):

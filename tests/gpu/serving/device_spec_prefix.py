@@ -147,7 +147,7 @@ def judge(engines: dict[str, dict[str, Any]], block: int,
                 for ph in ("trunc_cold", "trunc_warm") if ph in phases}
             summary["prefix_cache"][n] = sc.cache_hits(phases, block)
         for ph, deltas in ((engines.get(n) or {}).get("counters") or {}).items():
-            if deltas and (ph.startswith("prefix_") or ph == "trunc_warm"):
+            if deltas and ph.startswith(("prefix_", "together_", "trunc_warm")):
                 d = sc.counter_delta(deltas[0]["before"], deltas[-1]["after"])
                 summary["prefix_cache"].setdefault(n, {}).setdefault("counters", {})[ph] = {
                     "queries": d["vllm:prefix_cache_queries"],
