@@ -181,7 +181,8 @@ def test_stage2_builds_from_the_reference_output() -> None:
 # --- the driver end to end, against the stand-in vLLM -------------------------------------
 
 CASES = {"clean": {}, "corrupt": {"FAKE_VLLM_BUG": "corrupt_cached"},
-         "truncate": {"FAKE_VLLM_BUG": "truncate"}, "refuse": {"FAKE_VLLM_REFUSE": "ngram"}}
+         "truncate": {"FAKE_VLLM_BUG": "truncate"}, "refuse": {"FAKE_VLLM_REFUSE": "ngram"},
+         "no_reference": {"FAKE_VLLM_REFUSE": "none"}}
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +239,12 @@ def test_driver_records_a_refusal_and_runs_the_rest(driver_runs: dict[str, Any])
     assert s["passed"] is None
     assert s["refused"] == {"E2": "ValueError: refused by the fake"}
     assert s["comparisons"]["E1_vs_E0"]["passed"]
+
+
+def test_driver_without_the_reference_still_runs_both_stages(
+        driver_runs: dict[str, Any]) -> None:
+    s = driver_runs["no_reference"]
+    assert s["passed"] is None and set(s["refused"]) == {"E0"}
+    assert s["stage2_seed_source"] in {"E1", "E2"}
+    assert s["truncation"]["E1"]["trunc_cold"]["passed"]
+    assert "random" in s["acceptance"]["measured"]

@@ -259,7 +259,8 @@ def main() -> int:
                 log(f"stage 1 written for block size {block}")
                 flush()
         if stage1 is not None and stage2 is None:
-            for n in sc.ENGINES:  # E0's seed output first: the reference's own tokens
+            # E0's seed output: the reference's own tokens; another's only once E0 is gone.
+            for n in sc.ENGINES if procs["E0"].poll() is not None else ("E0",):
                 rows = ((engines.get(n) or {}).get("phases") or {}).get("seed")
                 if rows:
                     seed_prompt = stage1["phases"]["seed"][0][0]["prompt"]

@@ -3,8 +3,10 @@
 Greedy "decoding" is a fixed function of the last three tokens, so equal prompts give equal
 outputs; a prefix cache of whole blocks is kept as vLLM reports it (num_cached_tokens);
 spec-decode and prefix-cache counters are kept like vLLM's Prometheus ones. FAKE_VLLM_BUG
-plants the failures the proof must catch: `corrupt_cached` changes a token of every request
-served from the cache, `truncate` ends generations one short at block-size multiples.
+plants the failures the proof must catch: `corrupt_cached` changes a token of every
+speculative request served from the cache, `truncate` ends speculative generations one
+short at block-size multiples. FAKE_VLLM_REFUSE=<method, or none> refuses that engine at
+start-up.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ def _next(ctx: list[int]) -> int:
 
 class LLM:
     def __init__(self, **kw: Any) -> None:
-        if os.environ.get("FAKE_VLLM_REFUSE") and kw.get("speculative_config", {}).get(
-                "method") == os.environ["FAKE_VLLM_REFUSE"]:
+        method = (kw.get("speculative_config") or {}).get("method", "none")
+        if os.environ.get("FAKE_VLLM_REFUSE") == method:
             raise ValueError("refused by the fake")
         self.kw = kw
         self.prefix = bool(kw.get("enable_prefix_caching"))
