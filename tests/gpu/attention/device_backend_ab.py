@@ -1,0 +1,234 @@
+"""The SM70 attention backend on the GPU (issue 22 items 2, 3, 5), one device call:
+
+1. pytest tests/gpu/test_attention_gpu.py: the KV write and paged decode against their
+   references on the packed cache and on TRITON_ATTN's page, both arch paths;
+2. an A/B on the tiny checkpoint (tests/gpu/ab machinery): stock vLLM 0.22.1 (TRITON_ATTN)
+   against ours (the plugin, `--attention-backend CUSTOM`), both on the same fp16 weights so
+   the attention backend is the only difference (the fp16 checkpoint has no GPTQ layer, so
+   sm70_gptq does not run; the GDN override is off by default): eager, graphs
+   (FULL_AND_PIECEWISE, capture sizes 1-16), and one pair with prefix caching on (align
+   mode, eager, ours on the Volta m8n8k4 instantiations). Phases: single prompts of 5-33
+   tokens, batch4, the batch16 mix (8 short + 8 chunked long prompts, decodes beside
+   prefill chunks), one ~100-token and one ~3000-token prompt alone.
+
+    python3 tests/gpu/attention/device_backend_ab.py --out DIR --budget-s N
+
+Env (the lead's round_call.sh): SM70_AB_TINY (/tmp/ab/tiny, holding fp16/), SM70_SITE,
+SM70_KERNELS_BUILD_DIR, TORCH_CUDA_ARCH_LIST, SM70_GPU_SHARE (this script's share of the GPU
+memory: the six engines split it). Every step writes its JSON when it finishes; a failed
+step is recorded and the rest go on. summary.json: passed (pytest passed, every comparison
+passed, every ours side ran its attention layers on Sm70PagedBackend and its decode op, every
+stock side on TritonAttentionBackend), the comparisons and the figures behind them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[3]
+AB = ROOT / "tests" / "gpu" / "ab"
+OURS_CLASS = "vllm_patch.attention.backend.Sm70PagedBackend"
+STOCK_CLASS = "vllm.v1.attention.backends.triton_attn.TritonAttentionBackend"
+PHASES = "single,batch4,batch16,p100,p3000"
+
+# name: (side, mode, extra ab_side arguments); pairs are compared stock -> ours
+SIDES: dict[str, tuple[str, str, list[str]]] = {
+    "stock_eager": ("stock", "eager", []),
+    "ours_eager": ("ours", "eager", ["--attention-backend", "CUSTOM"]),
+    "stock_graphs": ("stock", "graphs", []),
+    "ours_graphs": ("ours", "graphs", ["--attention-backend", "CUSTOM"]),
+    # align mode needs the block (528 tokens on tiny) within one step's tokens
+    "stock_prefix": ("stock", "eager", ["--prefix-caching", "--max-batched", "1024"]),
+    "ours_prefix": ("ours", "eager", ["--prefix-caching", "--max-batched", "1024",
+                                      "--attention-backend", "CUSTOM", "--arch-path", "sm70"]),
+}
+PAIRS = {"eager": ("stock_eager", "ours_eager"), "graphs": ("stock_graphs", "ours_graphs"),
+         "prefix_caching": ("stock_prefix", "ours_prefix")}
+
+
+def backend_check(side: dict[str, Any], want: str, ours: bool) -> dict[str, Any]:
+    """Did this side's attention layers run on `want`, and (ours) did our decode op run?
+    A side that fell back to TRITON_ATTN, or never reached our decode, fails."""
+    layers = side.get("attention_layers") or {}
+    classes = sorted({k.split(":")[0] for k in layers})
+    out: dict[str, Any] = {"classes": classes, "layers": sum(layers.values())}
+    ok = bool(layers) and classes == [want]
+    if ours:
+        calls = side.get("attention_calls") or {}
+        device = side.get("attention_device_decodes")
+        out.update(calls=calls, device_decodes=device)
+        ok = ok and calls.get("decode", 0) > 0 and calls.get("kv_write", 0) > 0
+        ok = ok and device is not None and device > 0
+    out["ok"] = ok
+    return out
+
+
+def junit_counts(path: Path) -> dict[str, Any]:
+    """tests / failures / errors / skipped of a pytest junit file, and the failed ids."""
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    out: dict[str, Any] = {k: sum(int(s.get(k, 0)) for s in suites)
+                           for k in ("tests", "failures", "errors", "skipped")}
+    out["failed"] = [f"{c.get('classname')}::{c.get('name')}" for s in suites
+                     for c in s.iter("testcase")
+                     if c.find("failure") is not None or c.find("error") is not None][:40]
+    return out
+
+
+def verdict(pytest_res: dict[str, Any] | None, checks: dict[str, dict[str, Any]],
+            comparisons: dict[str, dict[str, Any]]) -> bool:
+    """passed: the GPU tests passed with none skipped, every pair compared and passed, and
+    every side ran on the backend it should."""
+    tests_ok = (pytest_res is not None and pytest_res.get("rc") == 0
+                and pytest_res.get("tests", 0) > 0 and pytest_res.get("skipped", 1) == 0)
+    pairs_ok = set(comparisons) == set(PAIRS) and all(c.get("passed") for c in
+                                                       comparisons.values())
+    sides_ok = set(checks) == set(SIDES) and all(c["ok"] for c in checks.values())
+    return bool(tests_ok and pairs_ok and sides_ok)
+
+
+def side_util(share: float) -> float:
+    """gpu_memory_utilization of one engine: the script's share over its engines."""
+    # three quarters: the kernel tests run beside the engines (their references at 262K
+    # tokens hold a few GB); with kv_cache_memory_bytes set, vLLM only checks that this
+    # much is free at start-up
+    return round(max(0.03, min(0.18, 0.75 * share / len(SIDES))), 3)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--budget-s", type=float, required=True)
+    ap.add_argument("--skip-pytest", action="store_true")
+    ap.add_argument("--skip-ab", action="store_true")
+    a = ap.parse_args()
+    t0 = time.time()
+    deadline = t0 + a.budget_s - 25  # leave time to compare and write
+    out: Path = a.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sides").mkdir(exist_ok=True)
+    summary: dict[str, Any] = {"passed": None, "started": time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "budget_s": a.budget_s, "errors": {}}
+
+    def flush() -> None:
+        summary["elapsed_s"] = round(time.time() - t0, 1)
+        tmp = out / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=1))
+        tmp.replace(out / "summary.json")
+
+    flush()
+    sys.path.insert(0, str(AB))
+    procs: dict[str, subprocess.Popen] = {}
+    logs: dict[str, Any] = {}
+    try:
+        from run_ab import side_env
+
+        tiny = Path(os.environ.get("SM70_AB_TINY", "/tmp/ab/tiny"))
+        share = float(os.environ.get("SM70_GPU_SHARE", "0.3"))
+        util = side_util(share)
+        summary["engine"] = {"checkpoint": str(tiny / "fp16"), "util_each": util,
+                             "kv_gib": 1, "phases": PHASES}
+        if not a.skip_ab:
+            for name, (side, mode, extra) in SIDES.items():
+                cmd = [sys.executable, str(AB / "ab_side.py"), "--side", side, "--mode", mode,
+                       "--model", str(tiny / "fp16"), "--out", str(out / "sides" / f"{name}.json"),
+                       "--phases", PHASES, "--util", str(util), "--kv-gib", "1", *extra]
+                env = side_env(side, {"VLLM_CACHE_ROOT": f"/tmp/vc_attn_{name}"})
+                logs[name] = open(out / f"{name}.log", "w")  # noqa: SIM115 (closed below)
+                procs[name] = subprocess.Popen(cmd, env=env, stdout=logs[name],
+                                               stderr=subprocess.STDOUT, cwd="/tmp")
+            summary["sides_started_s"] = round(time.time() - t0, 1)
+            flush()
+    except Exception as exc:
+        summary["errors"]["ab_start"] = f"{type(exc).__name__}: {exc}"
+        summary["errors"]["ab_start_tb"] = traceback.format_exc()[-3000:]
+        flush()
+
+    # 1. the kernel tests, beside the engines' start-up (they need little GPU memory)
+    pytest_res: dict[str, Any] | None = None
+    if not a.skip_pytest:
+        try:
+            env = dict(os.environ)
+            env["PYTHONPATH"] = str(ROOT) + (":" + env["PYTHONPATH"]
+                                             if env.get("PYTHONPATH") else "")
+            junit = out / "attention_gpu_junit.xml"
+            t = time.time()
+            with open(out / "attention_gpu_pytest.log", "w") as fh:
+                r = subprocess.run(
+                    [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "--noconftest",
+                     "-p", "no:cacheprovider", "-rf", f"--junitxml={junit}",
+                     "tests/gpu/test_attention_gpu.py"],
+                    cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                    timeout=max(30, deadline - time.time()), check=False)
+            pytest_res = {"rc": r.returncode, "seconds": round(time.time() - t, 1)}
+            if junit.exists():
+                pytest_res.update(junit_counts(junit))
+        except Exception as exc:
+            pytest_res = {"rc": None, "error": f"{type(exc).__name__}: {exc}"}
+        summary["pytest"] = pytest_res
+        flush()
+
+    # 2. the A/B: wait for the sides, then compare
+    while any(p.poll() is None for p in procs.values()) and time.time() < deadline:
+        time.sleep(5)
+    for name, p in procs.items():
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+            summary["errors"][name] = "killed at the budget"
+        logs[name].close()
+    summary["side_rc"] = {n: p.returncode for n, p in procs.items()}
+    try:
+        from compare import compare_sides
+
+        sides: dict[str, dict[str, Any]] = {}
+        for name in procs:
+            f = out / "sides" / f"{name}.json"
+            try:
+                sides[name] = json.loads(f.read_text())
+            except (OSError, ValueError) as exc:
+                sides[name] = {"error": f"no output: {exc}"}
+        summary["sides"] = {n: {k: s.get(k) for k in (
+            "error", "startup_s", "total_s", "cudagraph_mode", "capture_sizes", "arch_path",
+            "attention_layers", "attention_calls", "attention_device_decodes", "plugin",
+            "phase_seconds", "max_memory_allocated")} for n, s in sides.items()}
+        for n, s in sides.items():
+            if s.get("traceback"):
+                summary["sides"][n]["traceback"] = s["traceback"][-2500:]
+        checks = {n: backend_check(s, OURS_CLASS if SIDES[n][0] == "ours" else STOCK_CLASS,
+                                   SIDES[n][0] == "ours") for n, s in sides.items()}
+        summary["backend_checks"] = checks
+        comps: dict[str, dict[str, Any]] = {}
+        for pair, (ref, sut) in PAIRS.items():
+            if ref in sides and sut in sides and not sides[ref].get("error") \
+                    and not sides[sut].get("error"):
+                comps[pair] = compare_sides(sides[ref], sides[sut])
+        if "stock_eager" in sides and "stock_graphs" in sides:
+            noise = compare_sides(sides["stock_eager"], sides["stock_graphs"])
+            summary["stock_graphs_vs_stock_eager"] = {k: v for k, v in noise.items()
+                                                      if k != "phases"}
+        summary["comparisons"] = {k: {kk: vv for kk, vv in v.items() if kk != "phases"}
+                                  for k, v in comps.items()}
+        summary["per_request"] = {
+            k: {ph: [{kk: r[kk] for kk in ("prompt_len", "equal", "max_abs_dlogprob")}
+                     for r in rs] for ph, rs in v["phases"].items()} for k, v in comps.items()}
+        summary["passed"] = verdict(pytest_res, checks, comps)
+    except Exception as exc:
+        summary["errors"]["compare"] = f"{type(exc).__name__}: {exc}"
+        summary["errors"]["compare_tb"] = traceback.format_exc()[-3000:]
+        summary["passed"] = False
+    flush()
+    return 0 if summary["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
