@@ -33,6 +33,8 @@ GEMV = "gemv/gptq_gemv.cuh"
 DECODE = "attention/paged_decode.cuh"
 ALLREDUCE = "allreduce/two_gpu.cuh"
 GDN_DECODE = "gdn/recurrent_decode.cuh"
+FMHA = "attention/fmha_prefill.cuh"
+FMHA_SMEM = 81664  # kFmSmemBytes in attention/fmha_prefill.cuh
 GQA_GROUP = 6  # Qwen3.8-27B: 24 query heads over 4 KV heads
 MAX_QUERY_ROWS = 4  # 1 + MTP k=3
 VOLTA = "sm70::arch::Sm70"  # the architecture tag a V100 runs (csrc/common/arch.cuh)
@@ -71,6 +73,10 @@ VARIANTS: tuple[KernelVariant, ...] = (
     # its causal conv1d (width 4): the decode-side update and the varlen prefill
     *(KernelVariant("gdn/conv1d.cuh", f"sm70::gdn_conv1d_{m}_kernel", 128)
       for m in ("update", "prefill")),
+    # chunked-prefill attention (8 warps, dynamic shared memory: kFmSmemBytes) and the
+    # tensor-core ceiling loop its benchmark divides by
+    KernelVariant(FMHA, f"sm70::fmha_prefill_kernel<{VOLTA}>", 256, FMHA_SMEM),
+    KernelVariant(FMHA, "sm70::fmha_tc_peak_kernel<false>", 256),
 )
 
 # The H200 timing instantiations (m16n8k16), compiled for sm_90 by the resource report: the
@@ -86,6 +92,7 @@ H200_VARIANTS: tuple[KernelVariant, ...] = (
         for b in ("false", "true")
         for qn in range(1, MAX_QUERY_ROWS + 1)
     ),
+    KernelVariant(FMHA, f"sm70::fmha_prefill_kernel<{H200}>", 256, FMHA_SMEM),
 )
 
 
