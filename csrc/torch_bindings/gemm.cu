@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "gemm/gptq_dequant.cuh"
 #include "gemm/int8_gemm_lowrank.cuh"
 #include "torch_bindings/bindings_common.h"
 
@@ -96,9 +97,32 @@ Tensor int8_gemm_lowrank(const Tensor& x, const Tensor& qw, const Tensor& sz, in
   return y;
 }
 
+void gptq_dequant(const Tensor& qw, const Tensor& sz, int64_t group_size, Tensor& out) {
+  check_packed_weight(qw, sz, qw.size(1), group_size);
+  check_aligned16(qw, "qw");
+  SM70_CHECK_CUDA(out);
+  SM70_CHECK_CONTIG(out);
+  SM70_CHECK_DTYPE(out, at::kHalf);
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == qw.size(0) && out.size(1) == qw.size(1),
+              "out must be [N, K] like qw");
+  TORCH_CHECK(qw.size(1) % 8 == 0, "K must be a multiple of 8");
+  check_aligned16(out, "out");
+  const c10::cuda::CUDAGuard guard(qw.device());
+  sm70::GptqDequantParams p{};
+  p.qw = qw.data_ptr<uint8_t>();
+  p.sz = reinterpret_cast<const __half2*>(sz.data_ptr<at::Half>());
+  p.w = hptr_mut(out);
+  p.N = qw.size(0);
+  p.K = qw.size(1);
+  p.group_size = (int)group_size;
+  sm70::launch_gptq_dequant(p, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 }  // namespace
 }  // namespace sm70_bindings
 
 TORCH_LIBRARY_IMPL(sm70, CUDA, m) {
   m.impl("int8_gemm_lowrank", &sm70_bindings::int8_gemm_lowrank);
+  m.impl("gptq_dequant", &sm70_bindings::gptq_dequant);
 }

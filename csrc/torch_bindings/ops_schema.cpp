@@ -58,6 +58,7 @@ TORCH_LIBRARY(sm70, m) {
   m.def(
       "int8_gemm_lowrank(Tensor x, Tensor qw, Tensor sz, int group_size, Tensor? bias, "
       "Tensor? a_t, Tensor? b_t, Tensor? row_mask) -> Tensor");
+  m.def("gptq_dequant(Tensor qw, Tensor sz, int group_size, Tensor(a!) out) -> ()");
   m.def("set_arch_path(str path) -> ()", &sm70_bindings::set_arch_path);
   m.def("arch_path() -> str", &sm70_bindings::arch_path);
   // the two-GPU all-reduce (torch_bindings/allreduce.cu, docs/allreduce.md)

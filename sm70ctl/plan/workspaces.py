@@ -15,6 +15,11 @@ from sm70ctl.plan.model_config import ModelShape
 from sm70ctl.plan.shapes import ceil_div, kv_heads_per_gpu, vocab_per_gpu
 
 FP16, FP32 = 2, 4
+# vllm_patch/quantization/sm70_gptq.py: above GEMV_CHUNKED_MAX_ROWS rows a quantized layer is
+# multiplied through a transient fp16 copy of at most DEQUANT_SLICE_BYTES of its weights
+# (a test keeps these equal to the plugin's).
+GEMV_CHUNKED_MAX_ROWS = 32
+DEQUANT_SLICE_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,7 @@ class WorkspaceInputs:
     gdn_chunk: int
     cuda_context_reserve: int
     allocator_reserve: int
+    int8_weights: bool = False  # linear layers served by sm70_gptq (a quantized checkpoint)
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,13 @@ def workspace_items(m: ModelShape, w: WorkspaceInputs, *, kinds: set[str], last:
                 "logits.prompt", f"prompt-logprob chunk ({c} tok x {vocab_full} fp32 x 2)",
                 c * vocab * FP16 + c * vocab_full * FP32 * 2,
                 {"tokens": c, "vocab": vocab_full}))
+
+    if w.int8_weights and t > GEMV_CHUNKED_MAX_ROWS:
+        # the largest quantized projection per GPU is gate_up_proj (2 x I/TP outputs); the
+        # lm_head is larger but is sliced to the same cap
+        biggest = 2 * (m.intermediate_size // w.tp) * h * FP16
+        items.append(Item("gemm.dequant", "prefill GEMM: transient fp16 weight slice",
+                          min(biggest, DEQUANT_SLICE_BYTES), {"cap": DEQUANT_SLICE_BYTES}))
 
     graph = 0
     for s in w.cudagraph_sizes:

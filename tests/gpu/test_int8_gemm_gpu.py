@@ -77,3 +77,40 @@ def test_int8_gemm_lowrank(m, n, k, rank, mask_kind):
             assert rel_err(y[off], plain[off]) < 3e-3
         if mask.any():
             assert rel_err(plain[mask], want[mask]) > 10 * 3e-3  # the correction is visible
+
+
+@pytest.mark.parametrize("n,k", [(5120, 3072), (1000, 1024), (17408, 5120)])
+def test_gptq_dequant_equals_the_reference_bit_for_bit(n, k):
+    # both compute scale * (q - zero) in fp32 and round once to fp16
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    qweight, qzeros, scales = random_gptq(n, k, 128, gen)
+    qw, sz = ref.repack_gptq_int8(qweight, qzeros, scales, 128)
+    out = torch.full((n, k), float("nan"), dtype=torch.float16, device="cuda")
+    got = kernels.gptq_dequant(qw, sz, 128, out)
+    assert got.data_ptr() == out.data_ptr()
+    want = ref.dequant_repacked(qw, sz, 128).half()
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("m", [9, 16, 32, 33, 300])
+@pytest.mark.parametrize("n", [5120, 40000])
+def test_sm70_gptq_rows_above_the_gemv_take_slices_or_the_dequantised_gemm(m, n, monkeypatch):
+    sm70_gptq = pytest.importorskip("vllm_patch.quantization.sm70_gptq")  # needs vLLM
+    # 40,000 x 1,024 x 2 B exceeds a 32 MiB slice only when the cap is lowered: do so, so the
+    # sliced loop (and its bias slices) runs on a small test
+    monkeypatch.setattr(sm70_gptq, "DEQUANT_SLICE_BYTES", 16 << 20)
+    k = 1024
+    gen = torch.Generator(device="cuda").manual_seed(m * n)
+    qweight, qzeros, scales = random_gptq(n, k, 128, gen)
+    qw, sz = ref.repack_gptq_int8(qweight, qzeros, scales, 128)
+    x = torch.randn(m, k, device="cuda", generator=gen).half()
+    bias = torch.randn(n, device="cuda", generator=gen).half()
+    before = dict(sm70_gptq.CALLS)
+    y = sm70_gptq._run(x, qw, sz, 128, 8, bias)
+    path = "gemv_chunks" if m <= sm70_gptq.GEMV_CHUNKED_MAX_ROWS else "dequant_gemm"
+    assert sm70_gptq.CALLS[path] == before[path] + 1
+    w_t = ref.dequant_gptq_int8(qweight, qzeros, scales, 128).t()
+    want = ref.lowrank_reference(x.float(), w_t, bias, None, None, None)
+    rel = rel_err(y, want)
+    record("sm70_gptq_dispatch_rel_err", rel)
+    assert y.shape == (m, n) and rel < 3e-3

@@ -53,7 +53,23 @@ CLAIMED_USER_VALUES = (None, "gptq", NAME)
 _settings: dict[str, Any] = {"gemv_max_rows": 8, "int8_lm_head": True}
 # Eager calls per path; CUDA-graph replays do not run Python, so these count eager and
 # capture-time calls only (the A/B harness reads them in-process).
-CALLS: dict[str, int] = {"gemv": 0, "gemm": 0}
+CALLS: dict[str, int] = {"gemv": 0, "gemv_chunks": 0, "dequant_gemm": 0}
+
+# Above gemv_max_rows and up to this many rows, the GEMV runs on slices of gemv_max_rows rows:
+# each slice reads the int8 weights once (1 byte per weight), while the dequantised path below
+# moves 5 (read 1 and write 2 for the fp16 copy, read 2 in the GEMM), so slicing wins up to
+# about 5 slices. Above it, one layer at a time is dequantised into a transient fp16 copy and
+# multiplied by cuBLAS's fp16 GEMM (tensor cores on every architecture, Volta's included): the
+# int8 GEMM (int8_gemm_lowrank) has only the m8n8k4 instantiation, which newer GPUs emulate
+# (bench/results/h200_vllm_decode.json, op split in h200_vllm_op_split.json), and stays for the
+# low-rank correction. The copy is transient (at most DEQUANT_SLICE_BYTES), so vLLM's profiling
+# run sees it and the memory plan counts it.
+GEMV_CHUNKED_MAX_ROWS = 32
+# The transient fp16 copy's cap: the largest projection of the model at TP=1 (gate_up_proj,
+# 34,816 x 5,120) in fp16 is 356 MB and the lm_head 2.5 GB; 32 MiB slices (3,264 output
+# columns at K = 5,120: a 2,048-token chunk still makes 68-GFLOP cuBLAS calls) keep the
+# reference model on 2 x 16 GiB cards.
+DEQUANT_SLICE_BYTES = 32 << 20
 _register_lock = threading.Lock()
 
 
@@ -102,10 +118,44 @@ def _run(
     if m <= max_rows:
         CALLS["gemv"] += 1
         y = kernels.gptq_gemv(x2, qw, sz, group_size, bias)
+    elif m <= GEMV_CHUNKED_MAX_ROWS:
+        CALLS["gemv_chunks"] += 1
+        y = torch.cat([kernels.gptq_gemv(x2[i : i + max_rows], qw, sz, group_size, bias)
+                       for i in range(0, m, max_rows)])
     else:
-        CALLS["gemm"] += 1
-        y = kernels.int8_gemm(x2, qw, sz, group_size, bias)
+        CALLS["dequant_gemm"] += 1
+        y = _dequant_gemm(x2, qw, sz, group_size, bias)
     return y.reshape(*lead, qw.shape[0])
+
+
+def _dequant_gemm(
+    x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """x W^T (+ bias) through cuBLAS on fp16 copies of at most DEQUANT_SLICE_BYTES of W at a
+    time (the lm_head is 2.5 GB in fp16 at TP=1: never whole)."""
+    from vllm_patch.ops import kernels
+
+    n, k = qw.shape
+    rows = dequant_slice_rows(n, k)
+    if rows == n:
+        w = kernels.gptq_dequant(qw, sz, group_size, x.new_empty((n, k)))
+        return torch.nn.functional.linear(x, w, bias)
+    y = x.new_empty((x.shape[0], n))
+    w = x.new_empty((rows, k))
+    for a in range(0, n, rows):
+        b = min(n, a + rows)
+        ws = kernels.gptq_dequant(qw[a:b], sz[a:b], group_size, w[: b - a])
+        y[:, a:b] = torch.nn.functional.linear(x, ws, None if bias is None else bias[a:b])
+    return y
+
+
+def dequant_slice_rows(n: int, k: int) -> int:
+    """Output rows of W dequantised at once: all of them when they fit DEQUANT_SLICE_BYTES,
+    else the largest multiple of 64 that does (at least 64)."""
+    if n * k * 2 <= DEQUANT_SLICE_BYTES:
+        return n
+    return max(64, DEQUANT_SLICE_BYTES // (k * 2) // 64 * 64)
 
 
 def _int8_linear_fake(
