@@ -139,6 +139,9 @@ def test_truncation_and_cache_verdicts() -> None:
     assert sc.truncation_check([whole], BLOCK)["passed"]
     bad = sc.truncation_check([whole, short], BLOCK)
     assert not bad["passed"] and bad["bad"][0]["request"] == 1
+    assert sc.whole_outputs({"a": [whole], "b": [whole]})["passed"]
+    w = sc.whole_outputs({"a": [whole], "b": [whole, short]})
+    assert not w["passed"] and w["short"][0]["phase"] == "b" and w["requests"] == 3
     phases = {"prefix_b": [{"prompt_len": BLOCK + 7, "shared": 0, "num_cached_tokens": 0},
                            {"prompt_len": BLOCK + 1, "shared": BLOCK,
                             "num_cached_tokens": 0}]}
@@ -231,6 +234,7 @@ def test_driver_fails_truncation_at_block_multiples(driver_runs: dict[str, Any])
     s = driver_runs["truncate"]
     assert s["passed"] is False
     assert s["truncation"]["E1"]["trunc_cold"]["bad"]
+    assert s["whole_outputs"]["E1"]["short"] and s["whole_outputs"]["E0"]["passed"]
     assert s["truncation"]["E0"]["trunc_cold"]["passed"]  # no speculation: whole
 
 

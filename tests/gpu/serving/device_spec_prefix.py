@@ -146,6 +146,8 @@ def judge(engines: dict[str, dict[str, Any]], block: int,
                 ph: sc.truncation_check(phases[ph], block)
                 for ph in ("trunc_cold", "trunc_warm") if ph in phases}
             summary["prefix_cache"][n] = sc.cache_hits(phases, block)
+        if phases:
+            summary.setdefault("whole_outputs", {})[n] = sc.whole_outputs(phases)
         for ph, deltas in ((engines.get(n) or {}).get("counters") or {}).items():
             if deltas and ph.startswith(("prefix_", "together_", "trunc_warm")):
                 d = sc.counter_delta(deltas[0]["before"], deltas[-1]["after"])
@@ -155,6 +157,9 @@ def judge(engines: dict[str, dict[str, Any]], block: int,
     summary["acceptance"] = acceptance_report(engines, prompts)
     trunc_all = {f"{n}_{ph}": v for n, t in summary["truncation"].items()
                  for ph, v in t.items() if n != "E0"}
+    for n, w in summary.get("whole_outputs", {}).items():
+        if n != "E0":  # every phase, not only the truncation cases
+            trunc_all[f"{n}_all_phases"] = w
     summary["passed"] = sc.verdict(comps, trunc_all,
                                    {n: v for n, v in summary["prefix_cache"].items()})
     acc = summary["acceptance"]

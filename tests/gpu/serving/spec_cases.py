@@ -293,6 +293,18 @@ def truncation_check(rows: Sequence[Mapping[str, Any]], block: int) -> dict[str,
     return {"requests": len(rows), "bad": bad, "passed": bool(rows) and not bad}
 
 
+def whole_outputs(phases: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """Every request of every phase returned max_tokens tokens (EOS is ignored, so a
+    shorter output is a truncation wherever it happens; compare_sides alone could pass a
+    short output whose cut falls on a near-tie of the reference)."""
+    short = [{"phase": ph, "request": i, "prompt_len": r["prompt_len"],
+              "max_tokens": r["max_tokens"], "got": len(r["tokens"])}
+             for ph, rs in phases.items() for i, r in enumerate(rs)
+             if len(r["tokens"]) != r["max_tokens"]]
+    return {"requests": sum(len(rs) for rs in phases.values()), "short": short,
+            "passed": not short}
+
+
 def cache_hits(phases: Mapping[str, Sequence[Mapping[str, Any]]], block: int) -> dict[str, Any]:
     """Per prefix request: the tokens vLLM reported cached against what whole shared
     blocks allow. `exercised`: some request was served from the cache at all (without
