@@ -8,8 +8,9 @@ Request (JSON file argv[1]) -> result (JSON file argv[2]):
 - "runner": vLLM's real `GPUModelRunner._get_prompt_logprobs_dict` and the installed
   replacement, each driven on its own fake runner through the same chunked schedule: the
   largest differences of every tensor handed back, and the bookkeeping left behind;
-- "install": what `install` and the plugin's `register` report, and the refusals of
-  foreign targets.
+- "install" (first, in a process that has not imported vLLM's runner module): what the
+  plugin's `register` reports (deferred), that importing the runner module installs the
+  replacement, what `install` says then, and the refusals of foreign targets.
 torch.compile is disabled (vLLM compiles its rank count; eager gives the same counts and
 the probe runs in seconds on two cores).
 """
@@ -98,9 +99,10 @@ def run_runner(req: dict[str, Any]) -> dict[str, Any]:
     from vllm.v1.sample.sampler import Sampler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from vllm_patch.logprobs.runner_patch import sliced_method
+    from vllm_patch.logprobs.runner_patch import REPLACES, sliced_method
 
-    original = GPUModelRunner.__dict__["_get_prompt_logprobs_dict"]
+    current = GPUModelRunner.__dict__["_get_prompt_logprobs_dict"]
+    original = getattr(current, REPLACES, current)  # vLLM's own, installed or not
     replacement = sliced_method(req["per_slice"])
     w = _weights(2)
     g = torch.Generator().manual_seed(7)
@@ -143,13 +145,32 @@ def run_runner(req: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_install() -> dict[str, Any]:
+    """First in the probe, before anything imports vLLM's runner module: the plugin defers
+    the rebinding until that import."""
     import vllm
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from vllm_patch.logprobs import runner_patch as rp
 
-    out: dict[str, Any] = {"version": vllm.__version__}
-    original = GPUModelRunner.__dict__["_get_prompt_logprobs_dict"]
+    out: dict[str, Any] = {"version": vllm.__version__,
+                           "runner_loaded_before": rp.RUNNER_MODULE in sys.modules}
+    os.environ["SM70_PLUGIN_CONFIG"] = json.dumps({"logprobs": {"prompt_chunk": 128}})
+    from vllm_patch.plugin import register
+
+    out["plugin"] = register().get("prompt_logprobs")
+    out["outcome_before_import"] = rp.outcome()
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    now = GPUModelRunner.__dict__["_get_prompt_logprobs_dict"]
+    out["outcome"] = rp.outcome()
+    out["installed_rows"] = getattr(now, rp.MARK, None)
+    original = getattr(now, rp.REPLACES)
+    out["replaces_vllms"] = original.__module__ == rp.RUNNER_MODULE
+    out["again_same"] = rp.install(128)
+    try:
+        rp.install(64)
+        out["again_other"] = None
+    except rp.PromptLogprobsPatchError as exc:
+        out["again_other"] = str(exc)
     refusals = {}
     for name, func, version in (
         ("execute_model", GPUModelRunner.execute_model, vllm.__version__),
@@ -162,18 +183,7 @@ def run_install() -> dict[str, Any]:
         except rp.PromptLogprobsPatchError as exc:
             refusals[name] = str(exc)
     out["refusals"] = refusals
-    os.environ["SM70_PLUGIN_CONFIG"] = json.dumps({"logprobs": {"prompt_chunk": 128}})
-    from vllm_patch.plugin import register
 
-    out["plugin"] = register().get("prompt_logprobs")
-    now = GPUModelRunner.__dict__["_get_prompt_logprobs_dict"]
-    out["installed_rows"] = getattr(now, rp.MARK, None)
-    out["again_same"] = rp.install(128)
-    try:
-        rp.install(64)
-        out["again_other"] = None
-    except rp.PromptLogprobsPatchError as exc:
-        out["again_other"] = str(exc)
     # A foreign function in the target's place is refused, and stays in place.
     def foreign(self: Any, hidden_states: Any, num_scheduled_tokens: Any) -> dict:
         return {}
@@ -181,19 +191,19 @@ def run_install() -> dict[str, Any]:
     GPUModelRunner._get_prompt_logprobs_dict = foreign
     out["foreign"] = rp.install_or_refuse(128)
     out["foreign_kept"] = GPUModelRunner.__dict__["_get_prompt_logprobs_dict"] is foreign
-    GPUModelRunner._get_prompt_logprobs_dict = original
+    GPUModelRunner._get_prompt_logprobs_dict = now
     return out
 
 
 def main() -> int:
     req = json.loads(Path(sys.argv[1]).read_text())
     result: dict[str, Any] = {}
+    if req.get("install"):  # first: nothing has imported vLLM's runner module yet
+        result["install"] = run_install()
     if "slices" in req:
         result["slices"] = run_slices(req["slices"])
     if "runner" in req:
         result["runner"] = run_runner(req["runner"])
-    if req.get("install"):
-        result["install"] = run_install()
     Path(sys.argv[2]).write_text(json.dumps(result))
     return 0
 

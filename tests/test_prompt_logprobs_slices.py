@@ -172,10 +172,13 @@ def test_installed_method_equals_vllms_through_a_chunked_schedule(
     assert left["ours"] == left["vllm"] == {"num_prompt_logprobs": ["e"], "in_progress": []}
 
 
-def test_install_and_refusals(probe: dict[str, Any]) -> None:
+def test_install_deferred_to_the_runner_import_and_refusals(probe: dict[str, Any]) -> None:
     got = probe["install"]
-    assert got["version"] == "0.22.1"
-    assert got["plugin"] == "sliced (128 rows per slice)" and got["installed_rows"] == 128
+    assert got["version"] == "0.22.1" and not got["runner_loaded_before"]
+    assert got["plugin"] == f"deferred (128 rows; installed when {rp.RUNNER_MODULE} is imported)"
+    assert got["outcome_before_import"] is None
+    assert got["outcome"] == "sliced (128 rows per slice)" and got["installed_rows"] == 128
+    assert got["replaces_vllms"]
     assert got["again_same"] == "sliced (128 rows, already installed)"
     assert "already sliced at 128 rows, asked for 64" in got["again_other"]
     assert "parameters ('self', 'scheduler_output'" in got["refusals"]["execute_model"]

@@ -168,4 +168,4 @@ def _install_prompt_logprobs(config: Any) -> str:
         return "absent (vLLM not installed)"
     from vllm_patch.logprobs import runner_patch
 
-    return runner_patch.install_or_refuse(config.logprobs.prompt_chunk)
+    return runner_patch.install_when_imported(config.logprobs.prompt_chunk)

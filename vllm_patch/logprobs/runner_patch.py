@@ -15,16 +15,21 @@ log-probs: `slices.sliced_prompt_logprobs`, at most `rows_per_slice` rows at a t
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import inspect
 import logging
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 from vllm_patch.logprobs.plan import plan_step
 
 logger = logging.getLogger("vllm_patch")
 
-TARGET = "vllm.v1.worker.gpu_model_runner.GPUModelRunner._get_prompt_logprobs_dict"
+RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+TARGET = f"{RUNNER_MODULE}.GPUModelRunner._get_prompt_logprobs_dict"
 EXPECTED_VERSION = "0.22.1"
 EXPECTED_PARAMS = ("self", "hidden_states", "num_scheduled_tokens")
 # Names the 0.22.1 body uses that this replacement relies on meaning the same thing.
@@ -34,6 +39,7 @@ EXPECTED_NAMES = frozenset({
     "compute_logits", "compute_logprobs", "gather_logprobs", "_sync_device",
 })
 MARK = "__sm70_prompt_logprobs_rows__"
+REPLACES = "__sm70_replaces__"  # the replacement keeps vLLM's function here
 
 
 class PromptLogprobsPatchError(RuntimeError):
@@ -136,7 +142,9 @@ def install(rows_per_slice: int) -> str:
                 f"{TARGET}: already sliced at {installed} rows, asked for {rows_per_slice}")
         return f"sliced ({installed} rows, already installed)"
     check_target(current, vllm.__version__)
-    GPUModelRunner._get_prompt_logprobs_dict = sliced_method(rows_per_slice)
+    method = sliced_method(rows_per_slice)
+    setattr(method, REPLACES, current)
+    GPUModelRunner._get_prompt_logprobs_dict = method
     return f"sliced ({rows_per_slice} rows per slice)"
 
 
@@ -149,3 +157,60 @@ def install_or_refuse(rows_per_slice: int) -> str:
         return f"refused ({exc})"
     except ImportError as exc:  # a vLLM without the v1 GPU runner (a CPU-only build)
         return f"absent ({TARGET} does not import: {exc})"
+
+
+_outcome: list[str] = []
+
+
+def outcome() -> str | None:
+    """What the last install attempt in this process said (None: none has run yet)."""
+    return _outcome[-1] if _outcome else None
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then()` right after `name` has been imported (once), through the loader
+    the other finders pick for it."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if loader is None or exec_module is None:
+            return spec
+        then = self.then
+
+        def exec_then(module: ModuleType) -> None:
+            exec_module(module)
+            then()
+
+        loader.exec_module = exec_then  # type: ignore[method-assign]
+        return spec
+
+
+def install_when_imported(rows_per_slice: int) -> str:
+    """`install_or_refuse` now if vLLM's runner module is loaded, else right after it is:
+    only engine workers import it, so the API server and vLLM's model-inspection
+    subprocess (where the plugin also loads) never pay for that import."""
+
+    def run() -> None:
+        _outcome.append(install_or_refuse(rows_per_slice))
+
+    if RUNNER_MODULE in sys.modules:
+        run()
+        return _outcome[-1]
+    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(RUNNER_MODULE, run))
+    return f"deferred ({rows_per_slice} rows; installed when {RUNNER_MODULE} is imported)"
