@@ -174,7 +174,7 @@ def main() -> int:
                         extra["SM70_PLUGIN_CONFIG"] = plugin_config()
                     cmd = [sys.executable, str(HERE / "gdn_side.py"), "--side", side, "--mode",
                            mode, "--model", str(tiny), "--out", str(sides_dir / f"{name}.json"),
-                           "--util", str(util), "--kv-gib", "0.25"]
+                           "--util", str(util), "--kv-gib", "0.5"]
                     ab_steps[name] = Step(name, cmd, side_env(side, extra),
                                           out / f"ab_{name}.log", Path("/tmp"))
             summary["steps"]["ab"] = {"passed": None, "started": sorted(ab_steps),

@@ -10,7 +10,7 @@ them: A = exp(A_log) uniform in [1, 16] and dt_bias = softplus^-1(dt) with dt lo
 in_proj_ba outputs), q/k/v = SiLU of N(0, 1) (the conv output). Both runs start from zero
 states. Every 10,000 tokens the JSON gets, per (sequence, head), the relative Frobenius
 error of the dequantised int16 state against the float32 state, the output's relative RMS
-error over the last window, and the state norms (so a state that decayed to nothing, which
+error over every 8th token of the last window, and the state norms (so a state that decayed to nothing, which
 would make the test vacuous, shows). Passes when every checkpoint is within TOLERANCE
 (derived in docs/gdn.md) and the last checkpoint's state error is at most GROWTH x the
 first's (the error must not grow with the length).
@@ -34,6 +34,7 @@ H, HV, D = 16, 48, 128
 SEQS = 2
 CHECK_EVERY = 10_000
 CHUNK = 1_000  # tokens of inputs generated at once
+OUT_SAMPLE = 8  # every 8th token's output enters the window's error (keeps the loop short)
 TOLERANCE_STATE = 2e-3  # max over (sequence, head) of |h16 - h32|_F / |h32|_F
 TOLERANCE_OUT = 3e-3  # relative RMS of o16 - o32 over a window
 GROWTH = 2.0
@@ -108,9 +109,10 @@ def run(tokens: int, budget_s: float, out: Path, seed: int = 0) -> dict[str, Any
                                                scale)
             o16 = kernels.gdn_recurrent_decode(x, a, b, a_log, dt_bias, s16, qsl, idx, None, H,
                                                scale, state_scale=sc16)
-            diff = o16.double() - o32.double()
-            d2 += (diff * diff).sum()
-            r2 += (o32.double() ** 2).sum()
+            if i % OUT_SAMPLE == 0:  # the output error on a sample of the tokens
+                diff = o16.double() - o32.double()
+                d2 += (diff * diff).sum()
+                r2 += (o32.double() ** 2).sum()
         done += n
         if done % CHECK_EVERY == 0 or done == tokens:
             h32 = s32[1:].double()
