@@ -161,6 +161,8 @@ def test_verdict_needs_every_piece() -> None:
     assert sc.verdict(dict(comps, E2_vs_E0={"requests": 3, "passed": False}), trunc,
                       cache) is False
     assert sc.verdict(comps, {"x": {"requests": 2, "passed": False}}, cache) is False
+    wide = {"requests": 3, "passed": True, "max_abs_dlogprob": 2.0}  # noise widened itself
+    assert sc.verdict(dict(comps, E1_vs_E0=wide), trunc, cache) is False
     assert sc.verdict(comps, trunc, {"E1": {"exercised": False}}) is False
 
 

@@ -336,10 +336,19 @@ def pick_repetitive(predicted: Mapping[str, Mapping[str, Any]]) -> str | None:
     return best
 
 
+# compare_sides lets a divergence pass when the reference's top-1/top-2 margin is within
+# twice the largest log-prob difference on agreeing steps; a corrupted GDN state that
+# moves every log-prob would widen its own tolerance that way. fp16 and int8-KV rounding
+# moves a chosen token's log-prob by hundredths of a nat, so a pair above this bound is a
+# failure whatever its divergences.
+MAX_DLOGPROB = 0.5
+
+
 def verdict(comparisons: Mapping[str, Mapping[str, Any]], truncation: Mapping[str, Any],
             cache: Mapping[str, Any]) -> bool | None:
     """Passed: both speculative engines match the reference on every phase (a divergence
-    only where the reference's top-1/top-2 margin is within the pair's rounding noise),
+    only where the reference's top-1/top-2 margin is within the pair's rounding noise,
+    and that noise itself bounded by MAX_DLOGPROB),
     every truncation request is whole, and MTP's engine really served from the cache.
     None when an engine produced nothing to compare."""
     needed = ("E1_vs_E0", "E2_vs_E0")
@@ -348,5 +357,7 @@ def verdict(comparisons: Mapping[str, Mapping[str, Any]], truncation: Mapping[st
     if any(not t.get("requests") for t in truncation.values()):
         return None
     return (all(comparisons[n]["passed"] for n in needed)
+            and all((comparisons[n].get("max_abs_dlogprob") or 0.0) <= MAX_DLOGPROB
+                    for n in needed)
             and all(t["passed"] for t in truncation.values())
             and bool(cache.get("E1", {}).get("exercised")))
