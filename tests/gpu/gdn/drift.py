@@ -10,10 +10,10 @@ them: A = exp(A_log) uniform in [1, 16] and dt_bias = softplus^-1(dt) with dt lo
 in_proj_ba outputs), q/k/v = SiLU of N(0, 1) (the conv output). Both runs start from zero
 states. Every 10,000 tokens the JSON gets, per (sequence, head), the relative Frobenius
 error of the dequantised int16 state against the float32 state, the output's relative RMS
-error over every 8th token of the last window, and the state norms (so a state that decayed to nothing, which
-would make the test vacuous, shows). Passes when every checkpoint is within TOLERANCE
-(derived in docs/gdn.md) and the last checkpoint's state error is at most GROWTH x the
-first's (the error must not grow with the length).
+error over every 8th token of the last window, and the state norms (so a state that
+decayed to nothing, which would make the test vacuous, shows). Passes when every
+checkpoint is within TOLERANCE (derived in docs/gdn.md) and the last checkpoint's state
+error is at most GROWTH x the first's (the error must not grow with the length).
 """
 
 from __future__ import annotations
