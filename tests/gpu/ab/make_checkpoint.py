@@ -51,6 +51,11 @@ SHAPES: dict[str, dict] = {
     # The real model's shapes, 4 layers (3 GDN + 1 full) and the MTP layer.
     "slice": dict(hidden=5120, mlp=17408, layers=["linear_attention"] * 3 + ["full_attention"],
                   heads=24, kv_heads=4, k_heads=16, v_heads=48, vocab=248320),
+    # The same shapes, 16 layers (12 GDN + 4 full, the model's 3:1 pattern): deep enough that
+    # a decode step is GPU-bound on the H200 (the 4-layer slice's step is vLLM's host time).
+    "slice16": dict(hidden=5120, mlp=17408,
+                    layers=(["linear_attention"] * 3 + ["full_attention"]) * 4,
+                    heads=24, kv_heads=4, k_heads=16, v_heads=48, vocab=248320),
 }
 
 
