@@ -60,6 +60,9 @@ def test_route_sends_only_decode_only_steps_to_our_ops() -> None:
     mixed = spec_graph_step()
     mixed.num_prefills = 1
     assert routing.route(mixed) == routing.STOCK_PREFILL
+    both = spec_graph_step()
+    both.num_decodes = 1
+    assert routing.route(both) == routing.STOCK_MIXED
     assert routing.route(meta()) == routing.STOCK_EMPTY
     assert routing.route(meta(spec_sequence_masks=[False], num_decodes=0)) == routing.STOCK_EMPTY
     # an unsupported layer never reaches our ops, whatever the step

@@ -23,6 +23,7 @@ from typing import Any
 STOCK_NO_METADATA = "stock:no_metadata"  # vLLM's warm-up / profile run
 STOCK_PREFILL = "stock:prefill"  # a prefill row is in the step
 STOCK_EMPTY = "stock:empty"  # no decode rows at all
+STOCK_MIXED = "stock:mixed"  # plain and MTP decode rows in one step
 STOCK_UNSUPPORTED = "stock:unsupported"  # the layer's shapes or dtypes (unsupported_reason)
 OURS_DECODE = "sm70:decode"
 OURS_SPEC = "sm70:spec"
@@ -89,6 +90,8 @@ def route(meta: Any | None, unsupported: str | None = None) -> str:
     if meta.num_prefills > 0:
         return STOCK_PREFILL
     if meta.spec_sequence_masks is not None:
+        if meta.num_decodes > 0:  # the builder never makes this; vLLM's path would see both
+            return STOCK_MIXED
         return OURS_SPEC if meta.num_spec_decodes > 0 else STOCK_EMPTY
     return OURS_DECODE if meta.num_decodes > 0 else STOCK_EMPTY
 

@@ -63,7 +63,8 @@ def verdict(checks: list[dict[str, Any]]) -> dict[str, Any]:
             "growth_last_over_first": growth}
 
 
-def run(tokens: int, budget_s: float, out: Path, seed: int = 0) -> dict[str, Any]:
+def run(tokens: int, budget_s: float, out: Path, seed: int = 0,
+        dev: str = "cuda") -> dict[str, Any]:
     import torch
 
     from vllm_patch.ops import kernels
@@ -79,7 +80,6 @@ def run(tokens: int, budget_s: float, out: Path, seed: int = 0) -> dict[str, Any
         res["elapsed_s"] = round(time.time() - t0, 1)
         out.write_text(json.dumps(res, indent=1))
 
-    dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(seed)
     a_log = torch.log(torch.rand(HV, generator=gen, device=dev) * 15 + 1).float()
     dt = torch.exp(torch.rand(HV, generator=gen, device=dev) * math.log(100) + math.log(1e-3))
