@@ -65,7 +65,7 @@ def main() -> int:
             from vllm_patch.gdn import layer
 
             layer.count_on_device(True)
-        kw = engine_kwargs(a.model, a.mode, 512, 4096, a.kv_gib, a.util)
+        kw = engine_kwargs(a.model, a.mode, 512, max_len=4096, kv_gib=a.kv_gib, util=a.util)
         res["engine_kwargs"] = kw
         llm = LLM(**kw)
         res["startup_s"] = round(time.time() - t0, 1)
