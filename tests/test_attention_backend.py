@@ -144,7 +144,7 @@ def test_the_page_is_triton_attns_and_its_bytes_are_what_vllm_budgets(probe: dic
     for s in probe["shapes"]:
         assert s["ours"] == s["stock"]
         assert s["bytes_per_block"] == s["page_size_bytes"]
-    assert probe["kernel_block_sizes"] == probe["stock_kernel_block_sizes"]
+    assert probe["kernel_block_sizes"] == probe["stock_kernel_block_sizes"] == ["multiple of 16"]
 
 
 def test_our_views_address_triton_attns_bytes(probe: dict) -> None:
@@ -153,3 +153,29 @@ def test_our_views_address_triton_attns_bytes(probe: dict) -> None:
     assert v["k_byte"] == 5 and v["v_byte"] == -9 and v["k_scale"] == 0.25
     assert v["nonzero_bytes"] == 2 + 2  # the two codes and the two nonzero bytes of 0.25
     assert v["op_view_shapes"] == [[3, 2, 16, 256], [3, 2, 16, 256], [3, 2, 16], [3, 2, 16]]
+
+
+def test_the_impl_refuses_what_the_kernels_cannot_serve(probe: dict) -> None:
+    r = probe["routing"]["refused"]
+    assert "head_size 128" in r["head128"]
+    assert "sliding_window" in r["window"]
+    assert "GQA 6:1" in r["gqa4"]
+    assert "logits_soft_cap" in r["softcap"]
+
+
+def test_a_mixed_step_sends_decode_rows_to_our_kernel_and_the_rest_to_triton(
+        probe: dict) -> None:
+    r = probe["routing"]
+    assert r["meta"] == {"num_decodes": 2, "q_per_seq": 2, "num_decode_tokens": 4,
+                         "num_prefills": 1, "max_prefill_query_len": 5, "decode_splits": 7}
+    d = r["calls"]["decode"]
+    assert d["q_rows"] == 4 and d["bt_rows"] == 2 and d["seq"] == [30, 31]
+    assert d["qn"] == 2 and d["splits"] == 7 and d["q_is_prefix"]
+    # TRITON_ATTN's page through the op's [block, head, token, 256] view: 260-byte rows
+    assert d["k"] == [[8, 2, 16, 256], [2 * 16 * 2 * 260, 260, 2 * 260, 1]]
+    assert d["ks"] == [[8, 2, 16], [2 * 16 * 2 * 65, 65, 2 * 65]]
+    p = r["calls"]["prefill"]
+    assert p["q_rows"] == 5 and p["cu"] == [0, 5] and p["seq"] == [40] and p["bt_rows"] == 1
+    assert p["max_q"] == 5 and p["scales_are_impls"]
+    assert r["output_rows"] == [1.0] * 4 + [2.0] * 5 + [0.0] * 3  # padding rows untouched
+    assert r["route_calls"]["decode"] == 1 and r["route_calls"]["prefill_triton"] == 1

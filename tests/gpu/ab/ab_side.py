@@ -89,12 +89,14 @@ def summarize_model(model: Any) -> dict[str, Any]:
 
 def summarize_attention(model: Any) -> dict[str, int]:
     """Which backend and impl class each attention layer got (a silent fallback shows)."""
+    from vllm.model_executor.layers.attention.attention import Attention
+
     out: dict[str, int] = {}
     for _name, mod in model.named_modules():
-        impl, backend = getattr(mod, "impl", None), getattr(mod, "attn_backend", None)
-        if impl is None or backend is None:
+        if not isinstance(mod, Attention):
             continue
-        key = f"{backend.__module__}.{backend.__qualname__}:{type(impl).__qualname__}"
+        backend = mod.attn_backend
+        key = f"{backend.__module__}.{backend.__qualname__}:{type(mod.impl).__qualname__}"
         out[key] = out.get(key, 0) + 1
     return out
 
