@@ -14,9 +14,10 @@ vLLM's hooks reach:
 - the SM70 attention backend, registered with vLLM's backend registry
   (`register_backend`) under SM70_PAGED (the name patch 0002 adds), or in the CUSTOM slot
   of an unpatched vLLM, only when `vllm_patch.attention` really defines the class
-  `Sm70PagedBackend` (a vLLM `AttentionBackend`); today it does not, so nothing is
-  registered and sm70ctl's settings refuse SM70_ATTENTION_BACKEND=SM70_PAGED
-  (`attention_backend_defined`, which reads the source without importing vLLM);
+  `Sm70PagedBackend` (a vLLM `AttentionBackend`; vllm_patch/attention/backend.py, bound
+  lazily by the package); without it nothing is registered and sm70ctl's settings refuse
+  SM70_ATTENTION_BACKEND=SM70_PAGED (`attention_backend_defined`, which reads the source
+  without importing vLLM);
 - the GDN layer's decode rows on our ops (vllm_patch.gdn, a `register_oot` subclass of
   vLLM's layer), only when `gdn.decode_layer` is on (off by default).
 
