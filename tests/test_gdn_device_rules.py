@@ -68,6 +68,12 @@ def test_ours_ran_accepts_a_side_that_ran_our_op() -> None:
     assert device.ours_ran(ours_side(800), "eager")["ok"]
     # graphs: replays are counted on the device only
     assert device.ours_ran(ours_side(800, python_calls=40), "graphs")["ok"]
+    # with drafts a step takes several tokens: fewer steps, some on the MTP path
+    spec = ours_side(150, python_calls=30)
+    spec["gdn_device_calls"] = {"sm70:decode": 100, "sm70:spec": 100}
+    r = device.ours_ran(spec, "graphs", "ngram")
+    assert r["ok"] and r["spec_rows_ran"], r
+    assert not device.ours_ran(spec, "graphs", "none")["ok"]
 
 
 @pytest.mark.parametrize(("side", "mode", "words"), [
@@ -90,3 +96,30 @@ def test_state_bytes_per_layer() -> None:
     assert bench.conv_state_bytes(5120, 3) == 6 * 5120 * 2
     with pytest.raises(ValueError, match="float32 or int16"):
         bench.state_bytes(24, "float16")
+
+
+def side_pair(ours_calls: int, error: str | None = None) -> dict[str, Any]:
+    row = {"prompt_len": 5, "tokens": [1, 2], "logprobs": [-0.1, -0.2],
+           "top2": [[1, -0.1, 3, -2.0], [2, -0.2, 3, -2.0]]}
+    stock = {"phases": {"single": [row]}, "error": error}
+    ours = ours_side(ours_calls)
+    ours["phases"] = {"single": [row]}
+    return {"stock": stock, "ours": ours}
+
+
+def sides_for(pairs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {f"{who}_{pair}": d[who] for pair, d in pairs.items() for who in ("stock", "ours")}
+
+
+def test_ab_verdict_needs_every_plain_pair_and_our_op() -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "gpu" / "ab"))
+    good = {"eager": side_pair(800), "graphs": side_pair(800), "graphs_ngram": side_pair(800)}
+    assert device.ab_verdict(sides_for(good))["passed"] is True
+    fallback = dict(good, graphs=side_pair(0))
+    assert device.ab_verdict(sides_for(fallback))["passed"] is False
+    # stock vLLM failing the speculative pair leaves it out; failing a plain pair does not
+    no_spec = dict(good, graphs_ngram=side_pair(800, error="ValueError: no"))
+    v = device.ab_verdict(sides_for(no_spec))
+    assert v["passed"] is True and v["comparisons"]["graphs_ngram"]["passed"] is None
+    no_plain = dict(good, eager=side_pair(800, error="ValueError: no"))
+    assert device.ab_verdict(sides_for(no_plain))["passed"] is False

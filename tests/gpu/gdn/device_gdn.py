@@ -7,8 +7,9 @@ built in $SM70_KERNELS_BUILD_DIR and the A/B checkpoints exist under $SM70_AB_TI
 each in its own process (a crashed CUDA context ends only its step), each writing its JSON
 as soon as it has it, and summary.json rewritten after every step:
   ab      stock vLLM against vLLM with our GDN decode layer (gdn_side.py) on the tiny fp16
-          checkpoint, eager and graphs, started first (engine start-up is the long pole) and
-          polled to the end; ours must have run our op (device-counted) on every GDN layer
+          checkpoint, eager, graphs, and graphs with n-gram speculative decoding (MTP-style
+          verification rows), started first (engine start-up is the long pole) and polled to
+          the end; ours must have run our op (device-counted) on every GDN layer
   pytest  tests/gpu/test_gdn_gpu.py (log: pytest_gdn.log)
   drift   tests/gpu/gdn/drift.py: 250,000 tokens, int16 state against float32
   bench   bench/bench_gdn.py: our recurrent and conv updates against vLLM's kernels
@@ -31,9 +32,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(HERE.parent / "ab"))
 
-MODES = ("eager", "graphs")
+# (pair name, mode, speculative decoding); the pair's sides are stock_<name>, ours_<name>
+PAIRS = (("eager", "eager", "none"), ("graphs", "graphs", "none"),
+         ("graphs_ngram", "graphs", "ngram"))
 GDN_LAYERS_TINY = 3  # make_checkpoint.py's tiny: 3 GDN + 1 full-attention layer
-DECODE_STEPS_SINGLE = 4 * 60  # "single": 4 requests alone, 63 decode-only steps each
+# "single": 4 requests alone, 63 decode-only steps each; with 3 drafts a step may take up
+# to 4 tokens, so at least 15 steps each
+DECODE_STEPS_SINGLE = {"none": 4 * 60, "ngram": 4 * 15}
 OURS_CLASS = "vllm_patch.gdn.layer.Sm70GatedDeltaNet"
 MARGIN_S = 20  # stop this long before the budget to write what we have
 
@@ -49,7 +54,7 @@ def plugin_config() -> str:
                        "gemm": {"int8_gemv": False}})
 
 
-def ours_ran(side: dict[str, Any], mode: str) -> dict[str, Any]:
+def ours_ran(side: dict[str, Any], mode: str, spec: str = "none") -> dict[str, Any]:
     """Did our op run on every GDN layer of the "ours" side (pure)? A silent fallback to
     vLLM's kernels shows as a missing class, an unsupported reason or no device count."""
     problems = []
@@ -58,15 +63,21 @@ def ours_ran(side: dict[str, Any], mode: str) -> dict[str, Any]:
         problems.append(f"GDN layer classes {classes}, want {GDN_LAYERS_TINY} x {OURS_CLASS}")
     if side.get("gdn_unsupported"):
         problems.append(f"layers our ops refused: {side['gdn_unsupported']}")
-    device = (side.get("gdn_device_calls") or {}).get("sm70:decode", 0)
-    want = GDN_LAYERS_TINY * DECODE_STEPS_SINGLE if "single" in side.get("phases", {}) else 1
+    counts = side.get("gdn_device_calls") or {}
+    device = counts.get("sm70:decode", 0) + counts.get("sm70:spec", 0)
+    single = "single" in side.get("phases", {})
+    want = GDN_LAYERS_TINY * DECODE_STEPS_SINGLE[spec] if single else 1
     if device < want:
         problems.append(f"our decode op ran {device} times on the device, want >= {want}")
-    python_calls = (side.get("gdn_calls") or {}).get("sm70:decode", 0)
+    calls = side.get("gdn_calls") or {}
+    python_calls = calls.get("sm70:decode", 0) + calls.get("sm70:spec", 0)
     if mode == "eager" and python_calls != device:
         problems.append(f"eager: {python_calls} Python calls but {device} device counts")
-    return {"ok": not problems, "problems": problems, "device_decode_calls": device,
-            "python_calls": side.get("gdn_calls"), "classes": classes}
+    # whether verification rows reached our MTP path (n-gram drafts exist only where the
+    # output repeats itself; recorded, not required)
+    return {"ok": not problems, "problems": problems, "device_calls": counts,
+            "python_calls": calls, "classes": classes,
+            "spec_rows_ran": counts.get("sm70:spec", 0) > 0}
 
 
 def ab_verdict(sides: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -74,18 +85,23 @@ def ab_verdict(sides: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
     res: dict[str, Any] = {"comparisons": {}, "ours_ran": {}}
     ok = True
-    for mode in MODES:
-        stock, ours = sides.get(f"stock_{mode}"), sides.get(f"ours_{mode}")
+    for pair, mode, spec in PAIRS:
+        stock, ours = sides.get(f"stock_{pair}"), sides.get(f"ours_{pair}")
+        if spec != "none" and stock and stock.get("error"):
+            # stock vLLM itself cannot run this pair here: nothing to compare ours with
+            res["comparisons"][pair] = {"passed": None, "why": "stock side failed; not counted",
+                                        "stock_error": stock.get("error")}
+            continue
         if not stock or not ours or stock.get("error") or ours.get("error"):
-            res["comparisons"][mode] = {"passed": False, "why": "a side failed or is missing",
+            res["comparisons"][pair] = {"passed": False, "why": "a side failed or is missing",
                                         "stock_error": (stock or {}).get("error", "missing"),
                                         "ours_error": (ours or {}).get("error", "missing")}
             ok = False
             continue
         c = compare_sides(stock, ours)
-        res["comparisons"][mode] = {k: v for k, v in c.items() if k != "phases"}
-        ran = ours_ran(ours, mode)
-        res["ours_ran"][mode] = ran
+        res["comparisons"][pair] = {k: v for k, v in c.items() if k != "phases"}
+        ran = ours_ran(ours, mode, spec)
+        res["ours_ran"][pair] = ran
         ok = ok and c["passed"] and ran["ok"]
     se, sg = sides.get("stock_eager"), sides.get("stock_graphs")
     if se and sg and not se.get("error") and not sg.get("error"):
@@ -150,7 +166,7 @@ def main() -> int:
 
     flush()
     share = float(os.environ.get("SM70_GPU_SHARE", "0.3"))
-    util = round(max(0.02, share / 6), 3)  # four engines, and room for the tests beside them
+    util = round(max(0.02, share / (3 * len(PAIRS))), 3)  # the engines, and room beside them
     env_tests = dict(os.environ)
     env_tests["PYTHONPATH"] = ":".join(filter(None, [str(ROOT), env_tests.get("PYTHONPATH")]))
     env_tests["PYTHONUNBUFFERED"] = "1"
@@ -166,15 +182,15 @@ def main() -> int:
             tiny = Path(os.environ.get("SM70_AB_TINY", "/tmp/ab/tiny")) / "fp16"
             if not (tiny / "config.json").is_file():
                 raise FileNotFoundError(f"no tiny fp16 checkpoint at {tiny}")
-            for mode in MODES:
+            for pair, mode, spec in PAIRS:
                 for side in ("stock", "ours"):
-                    name = f"{side}_{mode}"
+                    name = f"{side}_{pair}"
                     extra = {"VLLM_CACHE_ROOT": f"/tmp/vc_gdn_{name}"}
                     if side == "ours":
                         extra["SM70_PLUGIN_CONFIG"] = plugin_config()
                     cmd = [sys.executable, str(HERE / "gdn_side.py"), "--side", side, "--mode",
                            mode, "--model", str(tiny), "--out", str(sides_dir / f"{name}.json"),
-                           "--util", str(util), "--kv-gib", "0.5"]
+                           "--util", str(util), "--kv-gib", "0.5", "--spec", spec]
                     ab_steps[name] = Step(name, cmd, side_env(side, extra),
                                           out / f"ab_{name}.log", Path("/tmp"))
             summary["steps"]["ab"] = {"passed": None, "started": sorted(ab_steps),

@@ -3,7 +3,9 @@ or with our GDN decode layer (vllm_patch.gdn), in one mode (eager or graphs).
 
 The engine settings, prompts and per-request records are tests/gpu/ab/ab_side.py's
 (`engine_kwargs`, `prompts`, `run_phase`, `summarize_model`); both sides load the same fp16
-checkpoint, so the only difference is the GDN layer. The "ours" side is started by
+checkpoint, so the only difference is the GDN layer. `--spec ngram` adds n-gram speculative
+decoding (the tiny checkpoint has no MTP head): the verification rows then take the GDN
+layer's MTP path, a state slot per draft position. The "ours" side is started by
 device_gdn.py with VLLM_PLUGINS=sm70 and a plugin config that turns gdn.decode_layer on and
 our int8 GEMV off (nothing else of ours runs). It counts our steps on the device
 (`layer.count_on_device`), so CUDA-graph replays are counted; the JSON has those counts,
@@ -26,6 +28,9 @@ sys.path.insert(0, str(HERE.parent / "ab"))
 
 from ab_side import NEW_TOKENS, engine_kwargs, prompts, run_phase, summarize_model  # noqa: E402
 
+SPEC_NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
+              "prompt_lookup_min": 2}
+
 
 def gdn_layer_classes(model: Any) -> dict[str, int]:
     """How many modules of each GDN layer class the model holds."""
@@ -47,6 +52,9 @@ def main() -> int:
     ap.add_argument("--phases", default="single,batch4,batch16")
     ap.add_argument("--util", type=float, default=0.05)
     ap.add_argument("--kv-gib", type=float, default=0.5)
+    ap.add_argument("--spec", choices=["none", "ngram"], default="none",
+                    help="ngram: speculative decoding with 3 n-gram drafts per step, so decode "
+                    "steps carry verification rows (a state slot per position)")
     a = ap.parse_args()
     res: dict[str, Any] = {"side": a.side, "mode": a.mode, "model": a.model, "phases": {},
                            "phase_seconds": {}, "error": None}
@@ -66,6 +74,8 @@ def main() -> int:
 
             layer.count_on_device(True)
         kw = engine_kwargs(a.model, a.mode, 512, max_len=4096, kv_gib=a.kv_gib, util=a.util)
+        if a.spec == "ngram":
+            kw["speculative_config"] = dict(SPEC_NGRAM)
         res["engine_kwargs"] = kw
         llm = LLM(**kw)
         res["startup_s"] = round(time.time() - t0, 1)
