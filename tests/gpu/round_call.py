@@ -69,6 +69,10 @@ def jobs(py: str) -> list[Job]:
         script("tests/gpu/serving/device_spec_prefix.py", "spec_prefix", {"ops", "tiny"}, 0.12),
         script("tests/gpu/serving/device_openai.py", "openai", {"ops", "tiny"}, 0.07),
         script("tests/gpu/logprobs/device_logprobs.py", "logprobs", {"ops", "slice"}, 0.28),
+        # the tiny A/B with our side on the Volta m8n8k4 instantiations (set_arch_path)
+        Job("ab_tiny_sm70", [py, str(AB / "run_ab.py"), "--shape", "tiny", "--side-args",
+                             "--arch-path sm70 --util 0.03 --kv-gib 1"],
+            {"ops", "tiny"}, 0.12, extra_env={"SM70_AB_PREPARED": "1"}),
     ]
 
 
@@ -111,7 +115,8 @@ def main() -> int:
     state["prep"]["install"] = install_plugin(prep_logs)
     base_env = {"SM70_KERNELS_BUILD_DIR": OPS_CACHE, "TORCH_CUDA_ARCH_LIST": "9.0",
                 "SM70_AB_TINY": str(CKPT / "tiny"), "SM70_AB_SLICE": str(CKPT / "slice"),
-                "SM70_SITE": "/tmp/sm70-site", "PYTHONUNBUFFERED": "1", "MAX_JOBS": "16"}
+                "SM70_SITE": "/tmp/sm70-site", "PYTHONUNBUFFERED": "1", "MAX_JOBS": "16",
+                "SM70_AB_PREPARED": "1"}
     os.environ.update(base_env)
 
     def bg(cmd: list[str], env: dict[str, str], name: str) -> subprocess.Popen:
