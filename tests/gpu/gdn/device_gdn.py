@@ -171,7 +171,7 @@ def main() -> int:
     env_tests["PYTHONPATH"] = ":".join(filter(None, [str(ROOT), env_tests.get("PYTHONPATH")]))
     env_tests["PYTHONUNBUFFERED"] = "1"
 
-    # --- ab: the four engines start first ---------------------------------------------
+    # --- ab: the engines start first -------------------------------------------------
     sides_dir = out / "ab_sides"
     sides_dir.mkdir(exist_ok=True)
     ab_steps: dict[str, Step] = {}
