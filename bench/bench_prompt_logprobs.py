@@ -133,6 +133,17 @@ def memory_row(name: str, side: Mapping[str, Any]) -> dict[str, Any]:
     over, base_over = rows_["peak_over_start"], rows_["baseline_peak_over_start"]
     rows_["logprobs_extra"] = (over - base_over if over is not None and base_over is not None
                                else None)
+    # vLLM sizes its memory from the start-up profile run, which has no prompt logprobs:
+    # a request peak above the start-up peak is memory nothing reserved for.
+    start_peak = side.get("startup_memory", {}).get("max_memory_allocated")
+    peak = rows_["peak_allocated"]
+    rows_["above_startup_peak"] = (peak - start_peak if peak is not None and start_peak
+                                   is not None else None)
+    util = side.get("engine_kwargs", {}).get("gpu_memory_utilization")
+    total = main.get("device_total")
+    reserved = rows_["peak_reserved"]
+    rows_["over_engine_share"] = (reserved > util * total if None not in (util, total, reserved)
+                                  else None)
     return rows_
 
 
@@ -151,15 +162,15 @@ def _gib(v: Any) -> str:
 
 def table(pairs: Mapping[str, Mapping[str, Any]]) -> str:
     lines = ["| checkpoint | side | rows per slice | peak allocated GiB | request peak over "
-             "start GiB | of which logprobs GiB | seconds | error |",
-             "|---|---|---|---|---|---|---|---|"]
+             "start GiB | of which logprobs GiB | above start-up peak GiB | seconds | error |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for ckpt, pair in pairs.items():
         for side in ("before", "after"):
             r = pair[side]
             lines.append(f"| {ckpt} | {side} | {r['prompt_chunk'] or 'all'} | "
                          f"{_gib(r['peak_allocated'])} | {_gib(r['peak_over_start'])} | "
-                         f"{_gib(r['logprobs_extra'])} | {r['seconds']} | "
-                         f"{r['error'] or ''} |")
+                         f"{_gib(r['logprobs_extra'])} | {_gib(r.get('above_startup_peak'))} | "
+                         f"{r['seconds']} | {r['error'] or r.get('startup_error') or ''} |")
     return "\n".join(lines)
 
 
@@ -220,6 +231,8 @@ def headline(pairs: Mapping[str, Any]) -> dict[str, Any]:
             "after_request_peak_over_start_gib": _round_gib(p["after"]["peak_over_start"]),
             "before_logprobs_extra_gib": _round_gib(p["before"]["logprobs_extra"]),
             "after_logprobs_extra_gib": _round_gib(p["after"]["logprobs_extra"]),
+            "before_above_startup_peak_gib": _round_gib(p["before"]["above_startup_peak"]),
+            "after_above_startup_peak_gib": _round_gib(p["after"]["above_startup_peak"]),
             "before_error": p["before"]["error"] or p["before"].get("startup_error"),
             "after_error": p["after"]["error"] or p["after"].get("startup_error"),
             "max_abs_dtarget_logprob": lp.get("max_abs_dtarget_logprob"),

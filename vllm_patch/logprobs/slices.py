@@ -1,13 +1,13 @@
 """The prompt-logprobs computation a slice of rows at a time.
 
 vLLM 0.22.1 turns a request's whole scheduled chunk into full-vocabulary logits at once,
-then a float32 log-softmax of them, then the top-k and the target gather. The two
-[rows, vocab] tensors are what grows with the chunk: at vocabulary 248,320 a row costs
-about 0.5 MB of fp16 logits plus 1 MB of fp32 log-probs, and the rank count compares a
-further [rows, vocab] (about 3.5 GB at 2048 rows). Here only `rows_per_slice` rows exist
-at any time; the per-row results ([rows, k + 1] ids and log-probs, [rows] ranks) are tiny
-and concatenated. Each row's result depends on that row's hidden state only, so the
-output equals the unsliced one up to the rounding of the logits GEMM at a different M.
+then a float32 log-softmax of them, then the top-k, the target gather and the target's
+rank. The two [rows, vocab] tensors are what grows with the chunk: at vocabulary 248,320
+a row costs about 0.5 MB of fp16 logits plus 1 MB of fp32 log-probs (about 3 GB at 2048
+rows). Here only `rows_per_slice` rows exist at any time; the per-row results
+([rows, k + 1] ids and log-probs, [rows] ranks) are tiny and concatenated. Each row's
+result depends on that row's hidden state only, so the output equals the unsliced one up
+to the rounding of the logits GEMM at a different M.
 """
 
 from __future__ import annotations

@@ -194,6 +194,10 @@ def run_side(a: argparse.Namespace) -> int:
 
         method = GPUModelRunner.__dict__.get("_get_prompt_logprobs_dict")
         res["runner_method"] = getattr(method, "__module__", None)
+        if "vllm_patch.logprobs.runner_patch" in sys.modules:
+            from vllm_patch.logprobs.runner_patch import outcome
+
+            res["rebinding_outcome"] = outcome()
         res["model_summary"] = llm.apply_model(summarize_model)[0]
         flush()
         log(f"started in {res['startup_s']} s; runner method from {res['runner_method']}")

@@ -103,8 +103,8 @@ def test_combine_and_verdict(tmp_path: Path) -> None:
     assert bench.verdict({"int8": pair}) is False
     assert bench.verdict({"fp16": pair}) is None  # the int8 pair decides
     text = bench.write(tmp_path, {"int8": pair})
-    assert "| int8 | before | all | 4.000 | 4.000 | 3.000 | 1.0 |  |" in text
-    assert "| int8 | after | 256 | 1.500 | 1.500 | 0.500 | 1.0 |  |" in text
+    assert "| int8 | before | all | 4.000 | 4.000 | 3.000 | - | 1.0 |  |" in text
+    assert "| int8 | after | 256 | 1.500 | 1.500 | 0.500 | - | 1.0 |  |" in text
     assert json.loads((tmp_path / "bench_prompt_logprobs.json").read_text())["passed"] is False
 
 
