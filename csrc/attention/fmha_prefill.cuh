@@ -13,16 +13,19 @@
 // G heads sharing a KV head share every K/V tile that is loaded (the tiles are the bytes
 // a long context moves, and the row packing also keeps short chunks from idling rows).
 // Keys go by in tiles of 32. 8 warps: for S = Q K^T warp w owns rows 16 (w % 4) .. +15
-// and keys 16 (w / 4) .. +15 of the tile; for O += P V the same rows and head dims
-// 128 (w / 4) .. +127 (64 fp32 accumulators per lane). Each m8n8k4 instruction is a
-// 16 x 16 tile: quad pair p takes rows 8 (p & 1) and columns 8 (p >> 1) of it.
+// and all 32 keys of the tile over head dims 128 (w / 4) .. +127, so each Q fragment it
+// loads feeds two products (the two warps of a row group leave partial scores that the
+// softmax adds); for O += P V the same rows and head dims (64 fp32 accumulators per
+// lane). Each m8n8k4 instruction is a 16 x 16 tile: quad pair p takes rows 8 (p & 1) and
+// columns 8 (p >> 1) of it.
 // The softmax runs between the two products on 4 threads per row, each keeping the row's
 // running max and sum in registers for the whole kernel; it writes P (fp16) and the row's
 // rescale factor to shared memory. The next tile's K/V bytes are loaded into registers
 // while the current tile is computed.
 //
 // Shared memory (dynamic; Volta gives a block at most 96 KB): Q 64 rows, K and V 32 rows
-// each (fp16, padded pitches), S 64 x 32 fp32, P 64 x 32 fp16, two floats per row. The
+// each (fp16, padded pitches), two partial S tiles 64 x 32 fp32, P 64 x 32 fp16, two
+// floats per row. The
 // pitches put the 16 rows one fragment load touches on distinct banks (Q, K: 130 words
 // per row, V: 136, P: 18). One block per SM on a V100; 8 warps keep the tensor cores fed
 // without a second block.
@@ -51,7 +54,7 @@ constexpr int kFmPPitch = 36;   // halves per P row
 constexpr int kFmQBytes = kFmRows * kFmQPitch * 2;
 constexpr int kFmKBytes = kFmKeys * kFmQPitch * 2;
 constexpr int kFmVBytes = kFmKeys * kFmVPitch * 2;
-constexpr int kFmSBytes = kFmRows * kFmSPitch * 4;
+constexpr int kFmSBytes = 2 * kFmRows * kFmSPitch * 4;  // two partial score tiles
 constexpr int kFmPBytes = kFmRows * kFmPPitch * 2;
 constexpr int kFmSmemBytes = kFmQBytes + kFmKBytes + kFmVBytes + kFmSBytes + kFmPBytes +
                              2 * kFmRows * 4;
@@ -242,9 +245,9 @@ __global__ void __launch_bounds__(kFmThreads, 1)
   const int hi = lane >> 4;
   const int l4 = lane & 3;
   const int rg = warp & 3;   // row group: rows 16 rg .. +15
-  const int ch = warp >> 2;  // S: keys 16 ch .. +15; O: dims 128 ch .. +127
+  const int ch = warp >> 2;  // head dims 128 ch .. +127 (S: partial over them; O: owned)
   const int a_row = 16 * rg + 8 * (qp & 1) + l4 + 4 * hi;  // A fragment row (Q, P)
-  const int s_key = 16 * ch + 8 * (qp >> 1) + l4 + 4 * hi;  // B fragment key (K)
+  const int s_key = 8 * (qp >> 1) + l4 + 4 * hi;  // B fragment key (K), + 16 per key group
   const int c_row0 = 16 * rg + 8 * (qp & 1) + (lane & 1) + 4 * hi;  // C row, + (i & 2)
   const int c_col0 = 8 * (qp >> 1) + (lane & 2);                    // C column, + (i&4)+(i&1)
 
@@ -267,38 +270,54 @@ __global__ void __launch_bounds__(kFmThreads, 1)
     if (kt + 1 < n_tiles) fm_load_tile(p, kt + 1, kvh, ctx, kv_len, q0, bt, raw);
     __syncthreads();
 
-    // S = Q K^T for the warp's 16 x 16 tile, four independent accumulator chains over k
+    // partial S = Q K^T over the warp's 128 dims: 16 rows x 32 keys (two key groups of
+    // 16), two independent accumulator chains per group
     {
-      float acc[4][8];
+      float acc[2][2][8];
 #pragma unroll
-      for (int c = 0; c < 4; ++c)
+      for (int g = 0; g < 2; ++g)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[c][i] = 0.f;
-      const __half* qa = qs + a_row * kFmQPitch;
-      const __half* kb = ks + s_key * kFmQPitch;
-#pragma unroll 16
-      for (int kk = 0; kk < kFmD / 4; ++kk) {
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[g][c][i] = 0.f;
+      const __half* qa = qs + a_row * kFmQPitch + 128 * ch;
+      const __half* kb = ks + s_key * kFmQPitch + 128 * ch;
+#pragma unroll 8
+      for (int kk = 0; kk < 128 / 4; ++kk) {
         const uint2 av = *reinterpret_cast<const uint2*>(qa + 4 * kk);
-        const uint2 bv = *reinterpret_cast<const uint2*>(kb + 4 * kk);
         const uint32_t a[2] = {av.x, av.y};
-        const uint32_t bb[2] = {bv.x, bv.y};
-        mma_m8n8k4(acc[kk & 3], a, bb);
-      }
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int r = c_row0 + (i & 2);
-        const int c = 16 * ch + c_col0 + (i & 4) + (i & 1);
-        ss[r * kFmSPitch + c] = (acc[0][i] + acc[1][i] + acc[2][i] + acc[3][i]) * p.scale_log2;
+        for (int g = 0; g < 2; ++g) {
+          const uint2 bv = *reinterpret_cast<const uint2*>(kb + 16 * g * kFmQPitch + 4 * kk);
+          const uint32_t bb[2] = {bv.x, bv.y};
+          mma_m8n8k4(acc[g][kk & 1], a, bb);
+        }
       }
+      float* sp = ss + ch * kFmRows * kFmSPitch;
+#pragma unroll
+      for (int g = 0; g < 2; ++g)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int r = c_row0 + (i & 2);
+          const int c = 16 * g + c_col0 + (i & 4) + (i & 1);
+          sp[r * kFmSPitch + c] = acc[g][0][i] + acc[g][1][i];
+        }
     }
     __syncthreads();
 
     // online softmax (log2 domain) of the tile, 4 threads per row
     {
-      const float4 s0 = *reinterpret_cast<const float4*>(ss + sm_row * kFmSPitch + 8 * sm_part);
-      const float4 s1 =
-          *reinterpret_cast<const float4*>(ss + sm_row * kFmSPitch + 8 * sm_part + 4);
-      float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+      // the two partial tiles (dims 0..127 and 128..255) added, then the softmax scale
+      const float* s_lo = ss + sm_row * kFmSPitch + 8 * sm_part;
+      const float* s_hi = s_lo + kFmRows * kFmSPitch;
+      const float4 a0 = *reinterpret_cast<const float4*>(s_lo);
+      const float4 a1 = *reinterpret_cast<const float4*>(s_lo + 4);
+      const float4 b0 = *reinterpret_cast<const float4*>(s_hi);
+      const float4 b1 = *reinterpret_cast<const float4*>(s_hi + 4);
+      float sv[8] = {a0.x + b0.x, a0.y + b0.y, a0.z + b0.z, a0.w + b0.w,
+                     a1.x + b1.x, a1.y + b1.y, a1.z + b1.z, a1.w + b1.w};
+#pragma unroll
+      for (int c = 0; c < 8; ++c) sv[c] *= p.scale_log2;
       const int j0 = kt * kFmKeys + 8 * sm_part;
       float mx = kNegInf;
 #pragma unroll
