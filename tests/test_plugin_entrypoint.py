@@ -81,7 +81,8 @@ def test_entry_point_in_a_fresh_venv_and_register_is_idempotent(wheel: Path,
     assert (data["first_calls"], data["second_calls"]) == (1, 2)
     assert data["same_config"]
     assert data["custom_ops"].startswith("absent")  # no kernels built in this venv
-    assert data["attention"].startswith("absent")
+    # the backend class is in the source; this venv has no vLLM to register it with
+    assert data["attention"].startswith("skipped")
     assert data["quantization"] == "absent (vLLM not installed)"
 
 
