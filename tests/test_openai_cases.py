@@ -220,11 +220,14 @@ def test_completion_stream_text() -> None:
     assert oc.completion_stream_text(chunks) == ("abc", "length")
 
 
-def test_pick_think_bias() -> None:
-    # the smallest bias with </think> strictly inside a 24-token output
-    assert oc.pick_think_bias({1: None, 2: 0, 4: 7, 8: 3}, 24) == 4
-    assert oc.pick_think_bias({1: None, 2: 23, 4: 0}, 24) is None
-    assert oc.pick_think_bias({}, 24) is None
+def test_pick_think_cut() -> None:
+    # the smallest bias whose first </think> has reasoning before it and content after it,
+    # cut before a second </think>
+    assert oc.pick_think_cut({1: [], 2: [0], 4: [7], 8: [3]}, 24) == (4, 24)
+    assert oc.pick_think_cut({1: [], 7.5: [7, 21], 8: [7, 20, 22]}, 24) == (7.5, 21)
+    assert oc.pick_think_cut({1: [5, 6], 2: [3, 9]}, 24) == (2, 9)  # 1: no room for content
+    assert oc.pick_think_cut({1: [23], 2: [0, 5]}, 24) is None
+    assert oc.pick_think_cut({}, 24) is None
 
 
 def test_verdict_and_overall() -> None:

@@ -227,6 +227,10 @@ class Ctx:
         # them can never produce a marker the parsers react to
         self.letters = [i for i in range(256)
                         if tok.decode([i]) in set(string.ascii_letters + " ")]
+        # single-byte whitespace tokens: the qwen_xml grammar lets whitespace pad every
+        # value, and random weights like it (values came back as " \n\t\t Oslo \t"); a
+        # -100 bias leaves the grammar's one choice where whitespace is all it allows
+        self.no_space = {str(i): -100 for i in range(256) if tok.decode([i]).isspace()}
         self.memo: dict[str, Any] = {}
 
     def decode(self, ids: list[int]) -> str:
@@ -345,13 +349,13 @@ def case_chat_stream(ctx: Ctx, v: oc.Verdict) -> None:
 
 
 def reasoning_request(ctx: Ctx, thinking: bool, allowed: list[int],
-                      bias: int | None = None, max_tokens: int = 24) -> dict[str, Any]:
+                      bias: float | None = None, max_tokens: int = 24) -> dict[str, Any]:
     extra: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": thinking},
                              "allowed_token_ids": allowed, "return_tokens_as_token_ids": True}
     kw: dict[str, Any] = {"messages": [{"role": "user", "content": "Think, then answer."}],
                           "max_tokens": max_tokens, "extra_body": extra}
     if bias is not None:
-        kw["logit_bias"] = {str(ctx.think_end): bias}
+        kw["logit_bias"] = {str(ctx.think_end): bias}  # vLLM takes floats
     return kw
 
 
@@ -379,32 +383,38 @@ def case_reasoning_routing(ctx: Ctx, v: oc.Verdict) -> None:
 def case_reasoning_split(ctx: Ctx, v: oc.Verdict) -> None:
     allowed = [*ctx.letters, ctx.think_end]
     length = 24
-    first: dict[float, int | None] = {}
+    ends: dict[float, list[int]] = {}
     chosen = None
-    for bias in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24):
+    for step in range(2, 65):  # biases 1.0, 1.5, ... 32.0
+        bias = step / 2
         r = chat(ctx, logprobs=True, **reasoning_request(ctx, True, allowed, bias, length))
         ids = oc.token_ids_from_logprobs(r["choices"][0]["logprobs"]["content"])
-        first[bias] = ids.index(ctx.think_end) if ctx.think_end in ids else None
-        chosen = oc.pick_think_bias(first, length)
+        ends[bias] = [i for i, t in enumerate(ids) if t == ctx.think_end]
+        chosen = oc.pick_think_cut(ends, length)
         if chosen is not None:
             break
     v.request = {"allowed_token_ids": "letters, space and </think>", "max_tokens": length,
-                 "logit_bias_tried": {str(k): first[k] for k in first}, "bias": chosen}
-    if not v.check("a bias puts </think> inside the output", chosen is not None, first):
+                 "think_end_at_bias": {str(k): ends[k] for k in ends}, "chosen": chosen}
+    if not v.check("a bias and cut give one </think> inside the output", chosen is not None,
+                   ends):
         return
-    ctx.memo["split"] = (chosen, message(r))
-    split_check(ctx, v, r, True, "split")
+    bias, cut = chosen
+    r = chat(ctx, logprobs=True, **reasoning_request(ctx, True, allowed, bias, cut))
+    ids = split_check(ctx, v, r, True, "split")
+    v.check("exactly one </think>, not first", [i for i, t in enumerate(ids)
+                                                if t == ctx.think_end] == ends[bias][:1], ids)
     m = message(r)
     v.check("both parts non-empty", bool(oc.reasoning_of(m)) and bool(m.get("content")))
+    ctx.memo["split"] = (bias, cut, m)
 
 
 def case_reasoning_split_stream(ctx: Ctx, v: oc.Verdict) -> None:
     if "split" not in ctx.memo:
         v.check("needs reasoning_split's bias", False, "reasoning_split found none")
         return
-    bias, m = ctx.memo["split"]
+    bias, cut, m = ctx.memo["split"]
     allowed = [*ctx.letters, ctx.think_end]
-    kw = reasoning_request(ctx, True, allowed, bias, 24)
+    kw = reasoning_request(ctx, True, allowed, bias, cut)
     kw["extra_body"].pop("return_tokens_as_token_ids")
     s = chat_stream(ctx, **kw)
     v.response = {"reasoning": oc.short(s["reasoning"]), "content": oc.short(s["content"])}
@@ -422,7 +432,7 @@ TOOL_MSGS = [{"role": "user", "content": "Weather in Paris?"}]
 def case_tool_named(ctx: Ctx, v: oc.Verdict) -> None:
     v.request = {"tools": ["get_weather", "get_time"], "tool_choice": NAMED}
     r = chat(ctx, messages=TOOL_MSGS, tools=TOOLS, tool_choice=NAMED, max_tokens=TOOL_TOKENS,
-             extra_body=no_think())
+             logit_bias=ctx.no_space, extra_body=no_think())
     m = message(r)
     ctx.memo["named"] = m.get("tool_calls")
     v.response = {"tool_calls": m.get("tool_calls"), "content": oc.short(m.get("content")),
@@ -436,7 +446,7 @@ def case_tool_named(ctx: Ctx, v: oc.Verdict) -> None:
 def case_tool_required(ctx: Ctx, v: oc.Verdict) -> None:
     v.request = {"tools": ["get_weather", "get_time"], "tool_choice": "required"}
     r = chat(ctx, messages=TOOL_MSGS, tools=TOOLS, tool_choice="required", max_tokens=TOOL_TOKENS,
-             extra_body=no_think())
+             logit_bias=ctx.no_space, extra_body=no_think())
     m = message(r)
     v.response = {"tool_calls": m.get("tool_calls"), "content": oc.short(m.get("content")),
                   "finish_reason": r["choices"][0]["finish_reason"]}
@@ -451,7 +461,7 @@ def case_tool_required(ctx: Ctx, v: oc.Verdict) -> None:
 
 def case_tool_named_stream(ctx: Ctx, v: oc.Verdict) -> None:
     s = chat_stream(ctx, messages=TOOL_MSGS, tools=TOOLS, tool_choice=NAMED, max_tokens=TOOL_TOKENS,
-                    extra_body=no_think())
+                    logit_bias=ctx.no_space, extra_body=no_think())
     v.response = {"tool_calls": s["tool_calls"], "finish_reason": s["finish_reason"]}
     problems = oc.tool_call_problems(s["tool_calls"], TOOLS, only="get_weather")
     v.check("streamed call assembles to a valid get_weather call", not problems, problems)

