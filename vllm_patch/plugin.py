@@ -164,7 +164,7 @@ def _register_quantization(config: Any) -> str:
 def _install_prompt_logprobs(config: Any) -> str:
     """R5 of runtime_patches/README.md; `logprobs.prompt_chunk` 0 leaves vLLM's own path."""
     if config.logprobs.prompt_chunk <= 0:
-        return "off (logprobs.prompt_chunk is 0)"
+        return f"off (logprobs.prompt_chunk is {config.logprobs.prompt_chunk})"
     if importlib.util.find_spec("vllm") is None:
         return "absent (vLLM not installed)"
     from vllm_patch.logprobs import runner_patch

@@ -252,7 +252,7 @@ def run_pair(ckpt: str, model: Path, out: Path, util: float, deadline: float,
                "--arrays", str(out / "arrays" / name)]
         if side == "after":
             cmd.append("--direct")
-        env = side_env("ours", {"VLLM_CACHE_ROOT": f"/tmp/vc_{name}",
+        env = side_env("ours", {"VLLM_CACHE_ROOT": f"/tmp/vc_logprobs_{name}",
                                 "SM70_PLUGIN_CONFIG": plugin_config(rows)})
         fh = open(out / "logs" / f"{name}.log", "w")  # noqa: SIM115 (closed by the child's exit)
         procs[side] = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
