@@ -54,21 +54,37 @@ _lock = threading.Lock()
 
 
 # ------------------------------------------------------------------ the batch's Clef rows
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    cur = torch.cuda.current_device()
+    return (a.index if a.index is not None else cur) == (b.index if b.index is not None else cur)
+
+
 @dataclass
 class ClefRows:
-    """The current batch's row mask (uint8 on the device) and whether any row is Clef's."""
+    """The current batch's row mask (uint8 on the device) and whether any row is Clef's.
+
+    The buffer is allocated once: a CUDA graph captured after that reads it at replay, so
+    once a capture has used it, it is never replaced (a larger batch is refused instead)."""
 
     mask: torch.Tensor | None = None
     any_clef: bool = False
     rows: int = 0
+    captured: bool = False
 
     def reserve(self, rows: int, device: torch.device) -> torch.Tensor:
-        if self.mask is None or self.mask.numel() < rows or self.mask.device != device:
-            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                raise ClefError(f"Clef row mask: {rows} rows asked during CUDA-graph capture, "
-                                f"the buffer holds {0 if self.mask is None else self.mask.numel()}"
-                                " (reserve max_num_batched_tokens rows before capture)")
-            self.mask = torch.zeros(max(rows, DEFAULT_ROWS), dtype=torch.uint8, device=device)
+        m = self.mask
+        if m is not None and m.numel() >= rows and _same_device(m.device, device):
+            return m
+        if self.captured or _capturing():
+            held = 0 if m is None else m.numel()
+            raise ClefError(f"Clef row mask: a batch of {rows} rows, but the buffer CUDA "
+                            f"graphs read holds {held} (it is sized from "
+                            "max_num_batched_tokens before capture and cannot move after)")
+        self.mask = torch.zeros(max(rows, DEFAULT_ROWS), dtype=torch.uint8, device=device)
         return self.mask
 
     def set_batch(self, query_start_loc: Sequence[int], is_clef: Sequence[bool],
@@ -78,14 +94,16 @@ class ClefRows:
         ranges = clef_token_ranges(query_start_loc, is_clef, num_tokens)
         dev = device or (self.mask.device if self.mask is not None else torch.device("cuda"))
         buf = self.reserve(num_tokens, dev)
-        host = torch.frombuffer(bytearray(row_mask_bytes(ranges, num_tokens)),
-                                dtype=torch.uint8) if num_tokens else None
-        if host is not None:
+        if num_tokens:
+            host = torch.frombuffer(bytearray(row_mask_bytes(ranges, num_tokens)),
+                                    dtype=torch.uint8)
             buf[:num_tokens].copy_(host)
         self.any_clef = bool(ranges)
         self.rows = num_tokens
 
     def mask_for(self, m: int, device: torch.device) -> torch.Tensor:
+        if _capturing():
+            self.captured = True
         return self.reserve(m, device)[:m]
 
 
@@ -330,7 +348,11 @@ def served_source() -> ClefSource | None:
                 get_tensor_model_parallel_world_size,
             )
 
-            hf = get_current_vllm_config().model_config.hf_config.to_dict()
+            vcfg = get_current_vllm_config()
+            hf = vcfg.model_config.hf_config.to_dict()
+            budget = getattr(vcfg.scheduler_config, "max_num_batched_tokens", None)
+            ROWS.reserve(max(int(budget or 0), DEFAULT_ROWS), torch.device(
+                "cuda", torch.cuda.current_device()))
             src = source_from_folder(Path(cfg.dir).expanduser(), hf, cfg.rank,
                                      get_tensor_model_parallel_world_size(),
                                      get_tensor_model_parallel_rank())
@@ -363,9 +385,9 @@ def _unquantized_class() -> type:
             self.prefix = prefix
 
         def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+            (n, k), dev = layer.weight.shape, layer.weight.device  # before any repacking
             super().process_weights_after_loading(layer)
-            w = layer.weight
-            attach(layer, self.prefix, w.shape[0], w.shape[1], w.device)
+            attach(layer, self.prefix, n, k, dev)
 
         def apply(self, layer: torch.nn.Module, x: torch.Tensor,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
