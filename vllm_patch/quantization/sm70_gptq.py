@@ -36,7 +36,7 @@ from vllm.model_executor.parameter import (
     RowvLLMParameter,
 )
 
-from vllm_patch.quantization import clef_correction
+from vllm_patch.quantization import clef_correction, draft_int8
 from vllm_patch.quantization.rules import GptqRules, LayerScheme, QuantConfigError
 
 logger = logging.getLogger("vllm_patch.quantization")
@@ -354,6 +354,10 @@ class Sm70GptqConfig(QuantizationConfig):
         rules = self.rules.with_mappings(fused=self.packed_modules_mapping)
         scheme = rules.scheme_for(prefix)
         if not scheme.quantized:
+            # the MTP drafter's fp16 layers in int8 on our GEMV (SM70_DRAFT_HEAD_DTYPE)
+            draft = draft_int8.method_for(prefix)
+            if draft is not None:
+                return draft
             # qkv_proj and in_proj_ba stay fp16 but carry Clef's correction in layers 40-63
             if clef_correction.corrects(prefix):
                 return clef_correction.unquantized_method(prefix, True)
