@@ -75,9 +75,12 @@ def test_serve_env_drops_the_round_calls_sm70_names(monkeypatch: pytest.MonkeyPa
 
 def test_vllm_pid_from_the_serve_log(tmp_path: Path) -> None:
     (tmp_path / "serve-18931.log").write_text(
-        "note: command: x\nstarting vLLM (attempt 1, pid 4321); waiting for /health\n")
+        "note: command: x\nserver started, pid 4321 (process group 4321)\n")
+    console = tmp_path / "console.log"
+    console.write_text("starting vLLM (attempt 2, pid 99); waiting for /health\n")
     assert device_openai.vllm_pid(tmp_path) == 4321
-    assert device_openai.vllm_pid(tmp_path / "none") is None
+    assert device_openai.vllm_pid(console) == 99
+    assert device_openai.vllm_pid(tmp_path / "none", tmp_path / "x.log") is None
 
 
 def test_case_names_unique() -> None:

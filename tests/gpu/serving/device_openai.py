@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -180,20 +181,24 @@ def port_free(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
-def vllm_pid(log_dir: Path) -> int | None:
-    for f in sorted(log_dir.glob("serve-*.log*")):
-        for line in f.read_text(errors="replace").splitlines():
-            if "starting vLLM" in line and "pid " in line:
-                try:
-                    return int(line.split("pid ")[1].split(")")[0])
-                except ValueError:
-                    continue
-    return None
+VLLM_PID = re.compile(r"(?:server started|starting vLLM \(attempt \d+), pid (\d+)")
+
+
+def vllm_pid(*logs: Path) -> int | None:
+    """The last vLLM pid serve reported: its log file says `server started, pid N`, its
+    console `starting vLLM (attempt 1, pid N)`."""
+    found = None
+    for f in logs:
+        paths = sorted(f.glob("serve-*.log*")) if f.is_dir() else [f] if f.is_file() else []
+        for path in paths:
+            for m in VLLM_PID.finditer(path.read_text(errors="replace")):
+                found = int(m.group(1))
+    return found
 
 
 def stop_server(run: Run, proc: subprocess.Popen, log_dir: Path) -> None:
     info = run.summary["server"]
-    child = vllm_pid(log_dir)
+    child = vllm_pid(log_dir, run.out / "serve_console.log")
     info["vllm_pid"] = child
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)  # serve stops vLLM (SIGTERM, SIGKILL after grace)
