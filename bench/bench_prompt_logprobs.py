@@ -181,6 +181,24 @@ def _read(path: Path) -> dict[str, Any]:
         return {}
 
 
+# vLLM's own memory lines on the kv_cache_memory_bytes path (no memory profiling: the
+# worker takes the given KV bytes as its budget and logs what it loaded and reserved).
+VLLM_MEMORY_LINES = ("Model loading took", "Initial free memory", "GPU KV cache size",
+                     "Maximum concurrency")
+
+
+def memory_lines(log_text: str, limit: int = 8) -> list[str]:
+    """The lines of an engine log where vLLM states its memory, message part only."""
+    out = []
+    for line in log_text.splitlines():
+        hit = next((m for m in VLLM_MEMORY_LINES if m in line), None)
+        if hit:
+            out.append(line[line.index(hit):][:300])
+            if len(out) == limit:
+                break
+    return out
+
+
 def pair_from_dir(out_dir: Path, ckpt: str) -> dict[str, Any] | None:
     """The pair `ckpt` of the device script's --out folder: both sides' rows, the direct
     check, and the logprobs comparison where both sides saved arrays (None: no side ran).
@@ -195,6 +213,9 @@ def pair_from_dir(out_dir: Path, ckpt: str) -> dict[str, Any] | None:
     for s, side in sides.items():
         pair[s]["startup_error"] = side.get("error")
         pair[s]["runner_method"] = side.get("runner_method")
+        log = out_dir / "logs" / f"{ckpt}_{s}.log"
+        pair[s]["vllm_memory"] = (memory_lines(log.read_text(errors="replace"))
+                                  if log.is_file() else [])
     direct = sides["after"].get("steps", {}).get("direct") or {}
     pair["direct"] = {k: direct.get(k) for k in (
         "error", "all_at_once", "sliced", "max_abs_dlogprob", "logprob_bitwise_equal_fraction",
@@ -211,10 +232,11 @@ def pair_from_dir(out_dir: Path, ckpt: str) -> dict[str, Any] | None:
 
 
 def verdict(pairs: Mapping[str, Any]) -> bool | None:
-    """Passed: the int8 pair's logprobs agree within noise and the request's peak over
-    start-up shrank; None when the int8 pair has no comparison at all."""
-    p = pairs.get("int8")
-    if not p or "logprobs" not in p:
+    """Passed: the pair's logprobs agree within noise and the request's peak over start-up
+    shrank. The int8 pair (our served path) decides; the fp16 pair only when the int8 one
+    has no comparison; None when neither has one."""
+    p = next((pairs[c] for c in ("int8", "fp16") if "logprobs" in pairs.get(c, {})), None)
+    if p is None:
         return None
     before, after = p["before"]["peak_over_start"], p["after"]["peak_over_start"]
     return bool(p["logprobs"].get("within_noise") and before is not None

@@ -101,7 +101,10 @@ def test_combine_and_verdict(tmp_path: Path) -> None:
     assert bench.verdict({"int8": pair}) is True
     pair["logprobs"] = {"within_noise": False}
     assert bench.verdict({"int8": pair}) is False
-    assert bench.verdict({"fp16": pair}) is None  # the int8 pair decides
+    assert bench.verdict({"fp16": pair}) is False  # without int8, the fp16 pair decides
+    assert bench.verdict({"int8": {"before": {}}, "fp16": dict(pair, logprobs={
+        "within_noise": True})}) is True
+    assert bench.verdict({"int8": {"before": {}}}) is None
     text = bench.write(tmp_path, {"int8": pair})
     assert "| int8 | before | all | 4.000 | 4.000 | 3.000 | - | 1.0 |  |" in text
     assert "| int8 | after | 256 | 1.500 | 1.500 | 0.500 | - | 1.0 |  |" in text
@@ -149,3 +152,11 @@ def test_device_script_pure_parts() -> None:
     assert device.PROMPT_LEN + 1 <= device.MAX_LEN
     # The last chunk's rows exceed a slice, so 'after' really slices it.
     assert (device.PROMPT_LEN - 1) % device.MAX_BATCHED > device.ROWS_PER_SLICE
+
+
+def test_memory_lines() -> None:
+    log = ("INFO 12-01 [gpu_model_runner.py:5133] Model loading took 6.1 GiB memory and 3 s\n"
+           "INFO noise\n"
+           "INFO [gpu_worker.py:377] Initial free memory 120.0 GiB, reserved 2.0 GiB memory\n")
+    assert bench.memory_lines(log) == ["Model loading took 6.1 GiB memory and 3 s",
+                                       "Initial free memory 120.0 GiB, reserved 2.0 GiB memory"]
