@@ -47,6 +47,7 @@ from sm70ctl.settings.schema import VarSpec, parse_schema
 from sm70ctl.weights.fetch import FetchConfig
 from vllm_patch import plugin
 from vllm_patch.config import PluginConfig
+from vllm_patch.quantization import draft_int8
 
 SCHEMA = load_schema()
 # What the fake toolchain probe reports: memory for one compile job, so that MAX_JOBS
@@ -103,6 +104,9 @@ PLUGIN_EFFECTS: dict[str, Callable[[PluginConfig], Any]] = {
     "gemm.int8_gemv": _registered_quantization,
     "gemm.gemv_max_rows": _registered_quantization,
     "gemm.int8_lm_head": _registered_quantization,
+    # what sm70_gptq's get_quant_method asks for an fp16 MTP layer (int8 method or vLLM's)
+    "spec.draft_head_dtype": lambda config: draft_int8.draft_int8(
+        config.spec.draft_head_dtype, "mtp.fc"),
 }
 
 

@@ -72,6 +72,11 @@ class GdnConfig:
     decode_layer: bool = False
 
 
+# The MTP draft layer's widths the plugin serves (vllm_patch.quantization.draft_int8); the
+# setting also names int4, which `sm70ctl plan --path target` counts but nothing serves.
+DRAFT_HEAD_DTYPES = ("int8", "float16")
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     draft_head_dtype: str = "int8"
@@ -79,6 +84,14 @@ class SpecConfig:
     ngram_assist: bool = True
     ngram_min: int = 2
     ngram_max: int = 8
+
+    def __post_init__(self) -> None:
+        if self.draft_head_dtype not in DRAFT_HEAD_DTYPES:
+            raise ValueError(
+                f"{ENV_VAR}: spec.draft_head_dtype is {self.draft_head_dtype!r} "
+                "(SM70_DRAFT_HEAD_DTYPE); the plugin stores the MTP draft layer as int8 or "
+                "float16 only (int4 is not implemented)"
+            )
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sm70ctl.errors import Sm70Error
 from sm70ctl.settings.typed import SettingsView
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ def plugin_config_obj(settings: SettingsView, allreduce_mode: str | None = None)
     """`allreduce_mode`: the all-reduce resolved from the probed topology (fp16, int12 or
     nccl: sm70ctl.devices.topology); None passes SM70_ALLREDUCE_MODE as set."""
     from vllm_patch.config import (
+        DRAFT_HEAD_DTYPES,
         AllreduceConfig,
         AttentionConfig,
         ClefConfig,
@@ -37,6 +39,13 @@ def plugin_config_obj(settings: SettingsView, allreduce_mode: str | None = None)
     )
 
     s = settings
+    if s.draft_head_dtype not in DRAFT_HEAD_DTYPES:
+        raise Sm70Error(
+            f"SM70_DRAFT_HEAD_DTYPE={s.draft_head_dtype}: the plugin stores the MTP draft layer "
+            f"as {' or '.join(DRAFT_HEAD_DTYPES)} only (int4 is not implemented; "
+            "`sm70ctl plan --path target` counts it)",
+            hint="set SM70_DRAFT_HEAD_DTYPE=int8",
+        )
     return PluginConfig(
         memory=MemoryConfig(
             state_block_multiplier=s.state_block_multiplier, split_pools=s.split_pools

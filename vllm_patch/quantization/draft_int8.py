@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from vllm_patch.config import DRAFT_HEAD_DTYPES
 from vllm_patch.quantization.rules import QuantConfigError
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 SETTING = "SM70_DRAFT_HEAD_DTYPE"
 FIELD = "spec.draft_head_dtype"
-SERVED_DTYPES = ("int8", "float16")
+SERVED_DTYPES = DRAFT_HEAD_DTYPES
 GROUP = 128
 # Output rows quantized at once: the fp32 working copies of a slice stay small (the
 # reference model's MTP gate_up_proj is 34,816 x 5,120 at TP=1, 0.7 GB in fp32 whole).
