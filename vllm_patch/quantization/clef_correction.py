@@ -45,7 +45,7 @@ from vllm_patch.clef.sharding import Ranges
 
 OP = "sm70_clef_int8_linear"
 OP_BIAS = "sm70_clef_int8_linear_bias"
-OP_ADD = "sm70_clef_add_"
+OP_ADD = "sm70_clef_add"
 A_NAME, B_NAME, BOUNDS = "sm70_clef_a{}", "sm70_clef_b{}", "sm70_clef_bounds"
 # rows the mask buffer holds before vLLM's config is known (grown eagerly if a batch is
 # larger; never during capture)
@@ -250,7 +250,7 @@ def int8_linear(layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | No
 def add_to_output(layer: torch.nn.Module, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """An fp16 layer's output y with the correction added to Clef's rows (in place)."""
     a, b, bounds = factors(layer)
-    torch.ops.vllm.sm70_clef_add_(y, x, a, b, bounds)
+    torch.ops.vllm.sm70_clef_add(y, x, a, b, bounds)
     return y
 
 

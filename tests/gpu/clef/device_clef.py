@@ -393,11 +393,15 @@ def step_graphs(run: Run) -> dict[str, Any]:
                 x = torch.randn(m, k, generator=gen).half().to(DEV)
                 eager_mixed = forward(method, layer, x, qsl, flags)
                 eager_chat = forward(method, layer, x, qsl, [False] * len(flags))
+                # warm the corrected path on a side stream (torch's capture recipe), then
+                # capture with the mask saying chat-only
+                ROWS.set_batch(qsl, flags, m, x.device)
                 s = torch.cuda.Stream()
                 s.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(s):
                     method.apply(layer, x)
                 torch.cuda.current_stream().wait_stream(s)
+                ROWS.set_batch(qsl, [False] * len(flags), m, x.device)
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):  # captured on a chat-only batch
                     y = method.apply(layer, x)
