@@ -55,10 +55,10 @@ SERVED, TARGET = "served", "target"
 PATHS = (SERVED, TARGET)
 # Kernel block alignment per attention backend: the smallest of its
 # get_supported_kernel_block_sizes() (vLLM's TRITON_ATTN and FLEX_ATTENTION: multiples of
-# 16; SM70_PAGED: the 64-token kernel block the issue 22 design gives it).
-BACKEND_BLOCK_ALIGN = {"TRITON_ATTN": 16, "FLEX_ATTENTION": 16, "SM70_PAGED": 64}
-# Backends vLLM 0.22.1 serves with this stack today (the SM70_PAGED class is not written).
-SERVED_BACKENDS = ("TRITON_ATTN", "FLEX_ATTENTION")
+# 16; SM70_PAGED keeps TRITON_ATTN's page and block sizes: vllm_patch/attention/README.md).
+BACKEND_BLOCK_ALIGN = {"TRITON_ATTN": 16, "FLEX_ATTENTION": 16, "SM70_PAGED": 16}
+# Backends vLLM 0.22.1 serves with this stack today.
+SERVED_BACKENDS = ("TRITON_ATTN", "FLEX_ATTENTION", "SM70_PAGED")
 
 
 def kv_bytes_per_token_layer(kv_heads_gpu: int, head_dim: int, kv_dtype: str) -> int:
