@@ -226,7 +226,16 @@ CROSS = [
     ("ngram-range", {"SM70_NGRAM_MIN": "9"}, {"SM70_NGRAM_MIN": "8"}, "SM70_NGRAM_MIN"),
     ("attention-backend-exists", {"SM70_ATTENTION_BACKEND": "SM70_PAGED"},
      {"SM70_ATTENTION_BACKEND": "FLEX_ATTENTION"}, "SM70_ATTENTION_BACKEND"),
+    ("paged-decode-rows", {"SM70_ATTENTION_BACKEND": "SM70_PAGED", "SM70_SPEC_TOKENS": "7",
+                           "SM70_CUDAGRAPH_SIZES": "8,16,32"},
+     {"SM70_ATTENTION_BACKEND": "SM70_PAGED", "SM70_SPEC_TOKENS": "3"}, "SM70_SPEC_TOKENS"),
 ]
+
+
+def test_paged_decode_rows_only_bind_sm70_paged_with_speculation():
+    seven = {"SM70_SPEC_TOKENS": "7", "SM70_CUDAGRAPH_SIZES": "8,16,32"}
+    load_settings({**seven, "SM70_ATTENTION_BACKEND": "TRITON_ATTN"})
+    load_settings({**seven, "SM70_ATTENTION_BACKEND": "SM70_PAGED", "SM70_SPEC_METHOD": "none"})
 
 
 @pytest.mark.parametrize(("rule", "bad", "good", "variable"), CROSS, ids=[c[0] for c in CROSS])

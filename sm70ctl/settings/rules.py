@@ -258,6 +258,24 @@ def _attention_backend(s: SettingsView) -> Problem | None:
               "TRITON_ATTN (vLLM's own backend) or FLEX_ATTENTION")
 
 
+@rule("paged-decode-rows")
+def _paged_decode_rows(s: SettingsView) -> Problem | None:
+    """Refused: `SM70_ATTENTION_BACKEND=SM70_PAGED` with speculation of more draft tokens
+    (`SM70_SPEC_TOKENS`) than its decode kernel verifies (1 + k query rows, at most 4).
+    """
+    if s.attention_backend != "SM70_PAGED" or s.spec_method == "none":
+        return None
+    from vllm_patch.attention.rules import MAX_DECODE_ROWS
+
+    if s.spec_tokens + 1 <= MAX_DECODE_ROWS:
+        return None
+    return _p("SM70_SPEC_TOKENS", s.spec_tokens,
+              f"SM70_ATTENTION_BACKEND=SM70_PAGED verifies {s.spec_tokens + 1} query rows per "
+              f"sequence; its decode kernel takes at most {MAX_DECODE_ROWS}",
+              f"<= {MAX_DECODE_ROWS - 1}, SM70_SPEC_METHOD=none or another backend",
+              "SM70_ATTENTION_BACKEND", "SM70_SPEC_METHOD")
+
+
 def rules_table() -> list[tuple[str, str]]:
     """(rule id, when it refuses) for the docs."""
     return [
