@@ -83,10 +83,12 @@ def test_reference_plan_equals_the_plugin_rules_layer_by_layer() -> None:
     # 16 qkv_proj, 48 in_proj_ba, and layer 0 (GDN): in_proj_qkvz, out_proj, gate_up, down
     assert len(quantized) == len(layers) - 16 - 48 - 4
 
-    # The MTP drafter's layer (the checkpoint keeps `mtp` 16-bit) and its norms.
+    # The MTP drafter's layer and its norms: the checkpoint keeps `mtp` 16-bit, the plugin
+    # quantizes its linear layers at load (SM70_DRAFT_HEAD_DTYPE int8, groups of 128).
     mtp = [("mtp.fc", h // tp, 2 * h), *attention("mtp.layers.0."), *mlp("mtp.layers.0.")]
     assert not any(rules.scheme_for(p).quantized for p, _n, _k in mtp)
-    mtp_bytes = sum(_layer_bytes(rules, p, n, k) for p, n, k in mtp) + (5 * h + 2 * hd) * 2
+    norms = (5 * h + 2 * hd) * 2
+    mtp_bytes = sum(n * k + n * (k // GROUP) * 2 * 2 for _p, n, k in mtp) + norms
 
     plan = compute_plan(load_config(builtin_config_path()), PlanInputs(),
                         [Gpu(0, "a", V100_32GB_TOTAL), Gpu(1, "b", V100_32GB_TOTAL)])
@@ -97,6 +99,10 @@ def test_reference_plan_equals_the_plugin_rules_layer_by_layer() -> None:
     assert items["weights.lm_head"] == vocab * h + vocab * 4  # int8 per row (scale, zero)
     assert items["weights.embed"] == vocab * h * 2
     assert _items(plan, 1) == items  # both TP ranks hold the same
+    fp16_draft = compute_plan(load_config(builtin_config_path()),
+                              PlanInputs(draft_head_dtype="float16"),
+                              [Gpu(0, "a", V100_32GB_TOTAL), Gpu(1, "b", V100_32GB_TOTAL)])
+    assert _items(fp16_draft)["weights.mtp"] == sum(n * k * 2 for _p, n, k in mtp) + norms
 
 
 def test_served_path_counts_only_formats_the_plugin_makes() -> None:
@@ -105,8 +111,11 @@ def test_served_path_counts_only_formats_the_plugin_makes() -> None:
     served = _items(compute_plan(model, PlanInputs(attn_weights_12bit=True), gpus))
     target = _items(compute_plan(model, PlanInputs(attn_weights_12bit=True, path="target"),
                                  gpus))
-    # the draft head and 12-bit q/k/v are issue 24 / 21 designs: fp16 until the plugin does it
-    assert served["weights.mtp"] > target["weights.mtp"]
+    # the int8 draft layer is made on both paths; an int4 one (not served) only on target
+    assert served["weights.mtp"] == target["weights.mtp"]
+    int4 = _items(compute_plan(model, PlanInputs(draft_head_dtype="int4", path="target"), gpus))
+    assert int4["weights.mtp"] < target["weights.mtp"]
+    # 12-bit q/k/v is an issue 21 design: fp16 until the plugin does it
     assert served["weights.attn.qkv"] == 16 * 7168 * 5120 * 2
     assert target["weights.attn.qkv"] < served["weights.attn.qkv"]
     # the int8 layers are the plugin's layout on both paths

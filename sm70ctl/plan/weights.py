@@ -14,10 +14,13 @@ so 1 + 4/128 bytes per weight. The int8 lm_head (SM70_INT8_LM_HEAD, made by the 
 load from the fp16 head, only when the checkpoint is served by sm70_gptq) is the same
 layout with one group per row: n*k + 4n bytes. The GPTQ tensors and the fp16 head live
 only while loading (one layer at a time, converted in slices), so they are not counted.
+The MTP draft layer's linear layers, 16-bit in the checkpoint, are quantized at load into
+the same int8 layout with groups of 128 when SM70_DRAFT_HEAD_DTYPE is int8
+(vllm_patch.quantization.draft_int8, again only in a model served by sm70_gptq).
 
 On the plan path `target` the formats the plugin is designed to make but does not yet
-(int8/int4 draft heads, issue 24; 12-bit attention weights, issue 21) are counted too:
-values of `bits` bits packed densely plus one fp16 scale per group of 128 inputs.
+(int4 draft heads; 12-bit attention weights, issue 21) are counted too: values of `bits`
+bits packed densely plus one fp16 scale per group of 128 inputs.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class WeightOptions:
     int8_lm_head: bool = True
     attn_weights_12bit: bool = False
     draft_head_dtype: str = "int8"  # fp16 | int8 | int4
-    # plan path `served`: only what the plugin does today (no draft-head or 12-bit formats)
+    # plan path `served`: only what the plugin does today (no int4 draft or 12-bit formats)
     served: bool = True
 
 
@@ -160,11 +163,19 @@ def tensor_bytes(t: Tensor, rules: GptqRules | None, opts: WeightOptions) -> Ten
                     hint="choose a tensor-parallel size that keeps whole groups")
             return TensorBytes(t.name, t.cls, f"int8 g{s.group_size} (plugin)",
                                {**int8_parts(k, n, s.group_size), **bias})
+    if t.store == "draft" and opts.draft_head_dtype == "int8" and (
+            rules is not None or not opts.served):
+        if k % RUNTIME_GROUP:
+            raise Sm70Error(
+                f"layer {t.fused or t.name}: {k} input features on this GPU is not a multiple "
+                f"of {RUNTIME_GROUP} (SM70_DRAFT_HEAD_DTYPE=int8 quantizes whole groups; the "
+                "plugin refuses it at load)", hint="set SM70_DRAFT_HEAD_DTYPE=float16")
+        return TensorBytes(t.name, t.cls, f"int8 g{RUNTIME_GROUP} (plugin, at load)",
+                           {**int8_parts(k, n, RUNTIME_GROUP), **bias})
     if not opts.served:
-        if t.store == "draft" and opts.draft_head_dtype in ("int8", "int4"):
-            bits = 8 if opts.draft_head_dtype == "int8" else 4
-            return TensorBytes(t.name, t.cls, f"int{bits} g128 (plugin, target)",
-                               {**runtime_parts(k, n, bits), **bias})
+        if t.store == "draft" and opts.draft_head_dtype == "int4":
+            return TensorBytes(t.name, t.cls, "int4 g128 (plugin, target)",
+                               {**runtime_parts(k, n, 4), **bias})
         if t.store == "attn16" and opts.attn_weights_12bit:
             return TensorBytes(t.name, t.cls, "int12 g128 (plugin, target)",
                                {**runtime_parts(k, n, 12), **bias})
