@@ -60,17 +60,27 @@ def test_a_layout_that_is_not_vllms_is_refused(qsl: list[int], flags: list[bool]
     ((False, 300, 8, True, False), PLAIN),   # a layer Clef does not correct
     ((True, 300, 8, False, False), PLAIN),   # eager, chat-only batch: nothing added
     ((True, 0, 8, True, False), PLAIN),      # no rows
-    ((True, 9, 8, True, False), FUSED),      # above the GEMV limit: in the GEMM's launch
-    ((True, 8, 8, True, False), ADDED),      # GEMV sizes: the GEMV, then the correction
+    ((True, 9, 8, True, False), ADDED),      # default: the layer's own kernel, then added
+    ((True, 8, 8, True, False), ADDED),
     ((True, 1, 8, False, True), ADDED),      # capture: the mask decides at replay
-    ((True, 300, 8, False, True), FUSED),
+    ((True, 300, 8, False, True), ADDED),
 ])
 def test_the_path_of_one_call(args: tuple[bool, int, int, bool, bool], want: str) -> None:
     assert choose_path(*args) == want
 
 
+@pytest.mark.parametrize(("rows", "capturing", "want"), [
+    (9, False, FUSED), (300, True, FUSED), (8, False, ADDED), (1, True, ADDED)])
+def test_the_fused_mode_puts_the_correction_in_the_gemms_launch(rows: int, capturing: bool,
+                                                                want: str) -> None:
+    # above the GEMV's rows only; at GEMV sizes the GEMV stays the kernel
+    assert choose_path(True, rows, 8, True, capturing, fused=True) == want
+    assert choose_path(True, rows, 8, False, False, fused=True) == PLAIN
+
+
 def test_fp16_layers_add_the_correction_after_their_own_gemm() -> None:
     assert choose_path(True, 300, 8, True, False, quantized=False) == ADDED
+    assert choose_path(True, 300, 8, True, False, quantized=False, fused=True) == ADDED
     assert choose_path(True, 300, 8, False, False, quantized=False) == PLAIN
 
 

@@ -7,15 +7,20 @@ per-row mask is built once per batch from that layout and the set of Clef reques
 corrected layer reads the same mask (`clef_token_ranges`, `row_mask_bytes`).
 
 The path (`choose_path`):
-- PLAIN: the layer's own kernel, no correction: layers without a correction, and eager
+- PLAIN: the layer's own dispatch, no correction: layers without a correction, and eager
   batches without a Clef row (chat-only batches pay nothing);
-- FUSED (rows above the GEMV's limit): the int8 GEMM with the correction in the same
-  launch (`int8_gemm_lowrank`, row_mask), one launch per slice of a fused layer;
-- ADDED (rows up to the GEMV's limit, and every unquantized layer): the layer's own kernel
-  for all rows, then the correction (x A^T) B^T computed for the masked rows and added.
-  The GEMV stays the kernel of decode-sized batches, so a chat row's output is the very
-  value a chat-only batch gives it (routing such a batch to the GEMM would change the chat
-  rows' rounding), and the correction's two small GEMMs are cheap at <= 8 rows.
+- ADDED (the default for every corrected call): the layer's own dispatch for all rows (the
+  GEMV at <= 8 rows, sm70_gptq's GEMV slices or dequantised cuBLAS GEMM above), then the
+  correction (x A^T) B^T computed for the masked rows and added. A chat row is computed by
+  the very kernel a chat-only batch of the same size uses, so its bits are the same; sending
+  a mixed batch to another kernel (the int8 GEMM) would change the chat rows' rounding.
+  At <= 8 rows the two small GEMMs read A and B once, as any kernel must.
+- FUSED (the fused mode, `fused=True`, above the GEMV's rows): the int8 GEMM with the
+  correction in the same launch (`int8_gemm_lowrank`, row_mask), one launch per slice of a
+  fused layer. Chat rows keep their bits only if chat-only batches of that layer run the
+  same int8 GEMM, so in this mode a corrected layer's plain calls above the GEMV do too;
+  since sm70_gptq serves rows above the GEMV with cuBLAS on dequantised slices (faster
+  than the int8 GEMM's m8n8k4 tiles), the mode is off by default.
 - During CUDA-graph capture the corrected path is captured whatever this batch holds: a
   replay runs no Python, so the mask (a device buffer the replays read) must decide, and a
   graph captured PLAIN would skip the correction of any Clef row replayed through it.
@@ -73,11 +78,12 @@ def row_mask_bytes(ranges: Sequence[tuple[int, int]], num_tokens: int) -> bytes:
 
 
 def choose_path(corrected: bool, rows: int, gemv_max_rows: int, any_clef: bool,
-                capturing: bool, quantized: bool = True) -> str:
-    """PLAIN, FUSED or ADDED for one call of a linear layer (see the module's docstring)."""
+                capturing: bool, quantized: bool = True, fused: bool = False) -> str:
+    """PLAIN, FUSED or ADDED for one call of a linear layer (see the module's docstring);
+    FUSED only in the fused mode (`fused`), above the GEMV's rows, for int8 layers."""
     if not corrected or rows == 0 or not (any_clef or capturing):
         return PLAIN
-    if quantized and rows > gemv_max_rows:
+    if quantized and fused and rows > gemv_max_rows:
         return FUSED
     return ADDED
 

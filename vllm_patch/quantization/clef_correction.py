@@ -50,6 +50,9 @@ A_NAME, B_NAME, BOUNDS = "sm70_clef_a{}", "sm70_clef_b{}", "sm70_clef_bounds"
 # rows the mask buffer holds before vLLM's config is known (grown eagerly if a batch is
 # larger; never during capture)
 DEFAULT_ROWS = 8192
+# "fused": above the GEMV, corrected int8 layers run the int8 GEMM with the correction in
+# its launch (rows.choose_path says why it is off by default)
+SETTINGS: dict[str, bool] = {"fused": False}
 _lock = threading.Lock()
 
 
@@ -114,6 +117,10 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+def configure(fused: bool) -> None:
+    SETTINGS["fused"] = fused
+
+
 # ------------------------------------------------------------------ the math (tested on CPU)
 def add_correction(y: torch.Tensor, x: torch.Tensor, a_ts: Sequence[torch.Tensor],
                    b_ts: Sequence[torch.Tensor], bounds: Sequence[int],
@@ -159,15 +166,20 @@ def _int8(x: torch.Tensor, qw: torch.Tensor, sz: torch.Tensor, group_size: int,
     if not x2.is_contiguous() or x2.data_ptr() % 16:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    path = choose_path(True, m, max_rows, ROWS.any_clef, _capturing())
+    fused = bool(SETTINGS["fused"])
+    path = choose_path(True, m, max_rows, ROWS.any_clef, _capturing(), fused=fused)
     if m == 0:
         return x.new_empty((*lead, qw.shape[0]))
     if path == FUSED:
         y = fused_gemm(x2, qw, sz, group_size, bias, a_ts, b_ts, bounds,
                        ROWS.mask_for(m, x2.device), kernels.int8_gemm)
     else:
-        y = (kernels.gptq_gemv(x2, qw, sz, group_size, bias) if m <= max_rows
-             else kernels.int8_gemm(x2, qw, sz, group_size, bias))
+        if fused and m > max_rows:  # the fused mode's chat rows: the same int8 GEMM
+            y = kernels.int8_gemm(x2, qw, sz, group_size, bias)
+        else:  # the layer's own dispatch, exactly as an uncorrected layer runs
+            from vllm_patch.quantization import sm70_gptq
+
+            y = sm70_gptq._run(x2, qw, sz, group_size, max_rows, bias)
         if path == ADDED:
             add_correction(y, x2, a_ts, b_ts, bounds, ROWS.mask_for(m, x2.device))
     return y.reshape(*lead, qw.shape[0])

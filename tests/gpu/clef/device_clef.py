@@ -62,6 +62,9 @@ PLAN_HEAD_BYTES = 256_000_000
 RANK = 256
 DEV = "cuda"  # a CPU dry run of the script's logic sets "cpu" (with reference kernels)
 MS = (1, 4, 16, 300)
+# "added": the default (the layer's own kernel, then the correction on Clef's rows);
+# "fused": the int8 GEMM with the correction in its launch (clef_correction.configure)
+MODES = ("added", "fused")
 PREFIX = "language_model.model.layers"
 # each case: (name, vLLM prefix, int8?, K on the rank, slice output sizes on the rank)
 CASES = (
@@ -323,11 +326,15 @@ def step_layers(run: Run) -> dict[str, Any]:
             ok = clef_correction.attach_from(src, layer, prefix, sum(sizes), k,
                                              torch.device(DEV))
             wm = merged_weights(layer, w_t)
-            for arch in (paths if int8 else ["native"]):
-                kernels.set_arch_path(arch)
-                for m in MS:
-                    r = check_batch(method, layer, w_t, wm, m, gen)
-                    out["cases"].append({"case": name, "arch": arch, "attached": ok, **r})
+            for mode in (MODES if int8 else ("added",)):
+                clef_correction.configure(fused=mode == "fused")
+                for arch in (paths if int8 else ["native"]):
+                    kernels.set_arch_path(arch)
+                    for m in MS if mode == "added" else [m for m in MS if m > 8]:
+                        r = check_batch(method, layer, w_t, wm, m, gen)
+                        out["cases"].append({"case": name, "mode": mode, "arch": arch,
+                                             "attached": ok, **r})
+            clef_correction.configure(fused=False)
             kernels.set_arch_path("native")
             if int8:
                 out.setdefault("diagnostics", []).append(slicing_diagnostic(name, layer, gen))
@@ -384,9 +391,11 @@ def step_graphs(run: Run) -> dict[str, Any]:
         build = int8_layer if int8 else fp16_layer
         method, layer, w_t = build(prefix, k, sizes, gen)
         clef_correction.attach_from(src, layer, prefix, sum(sizes), k, torch.device(DEV))
-        for m in (4, 16, 300):
+        for mode, m in [(md, m) for md in (MODES if int8 else ("added",)) for m in (4, 16, 300)
+                        if md == "added" or m > 8]:
+            clef_correction.configure(fused=mode == "fused")
             if run.left() < 30:
-                out["cases"].append({"case": name, "m": m, "skipped": "budget"})
+                out["cases"].append({"case": name, "mode": mode, "m": m, "skipped": "budget"})
                 continue
             try:
                 qsl, flags = batch_layout(m)
@@ -412,7 +421,7 @@ def step_graphs(run: Run) -> dict[str, Any]:
                 ROWS.set_batch(qsl, [False] * len(flags), m, x.device)
                 g.replay()
                 sync()
-                r = {"case": name, "m": m,
+                r = {"case": name, "mode": mode, "m": m,
                      "replay_mixed_equals_eager_mixed": bits_equal(replay_mixed, eager_mixed),
                      "replay_chat_equals_eager_chat": bits_equal(y, eager_chat)}
                 r["passed"] = r["replay_mixed_equals_eager_mixed"] and r[
@@ -420,8 +429,9 @@ def step_graphs(run: Run) -> dict[str, Any]:
                 out["cases"].append(r)
                 del g
             except Exception:
-                out["cases"].append({"case": name, "m": m, "passed": False,
+                out["cases"].append({"case": name, "mode": mode, "m": m, "passed": False,
                                      "error": traceback.format_exc()[-3000:]})
+        clef_correction.configure(fused=False)
         del method, layer, w_t
     done = [c for c in out["cases"] if "skipped" not in c]
     out["passed"] = bool(done) and all(c.get("passed") for c in done) and len(done) == len(
@@ -672,7 +682,9 @@ def transient_peak() -> dict[str, Any]:
                                     torch.device(DEV))
         x = torch.randn(2048, k, generator=gen).half().to(DEV)
         peaks = {}
-        for label, flags in (("plain", [False, False]), ("fused", [False, True])):
+        for label, flags in (("plain", [False, False]), ("added", [False, True]),
+                             ("fused", [False, True])):
+            clef_correction.configure(fused=label == "fused")
             forward(method, layer, x, [0, 1024, 2048], flags)  # warm
             sync()
             base = torch.cuda.memory_allocated()
@@ -680,8 +692,10 @@ def transient_peak() -> dict[str, Any]:
             y = forward(method, layer, x, [0, 1024, 2048], flags)
             peaks[label] = torch.cuda.max_memory_allocated() - base
             del y
+        clef_correction.configure(fused=False)
         return {"rows": 2048, "case": name, "peak_bytes": peaks,
-                "extra_peak_bytes": peaks["fused"] - peaks["plain"]}
+                "extra_peak_bytes": peaks["added"] - peaks["plain"],
+                "fused_extra_peak_bytes": peaks["fused"] - peaks["plain"]}
     except Exception:
         return {"error": traceback.format_exc()[-2000:]}
 
