@@ -1,7 +1,8 @@
 """The SM70 attention backend on the GPU (issue 22 items 2, 3, 5), one device call:
 
 1. pytest tests/gpu/test_attention_gpu.py: the KV write and paged decode against their
-   references on the packed cache and on TRITON_ATTN's page, both arch paths;
+   references on the packed cache and on TRITON_ATTN's page, both arch paths; then
+   layout_cost.py: the decode's time on the two layouts (what 260-byte rows cost);
 2. an A/B on the tiny checkpoint (tests/gpu/ab machinery): stock vLLM 0.22.1 (TRITON_ATTN)
    against ours (the plugin, `--attention-backend CUSTOM`), both on the same fp16 weights so
    the attention backend is the only difference (the fp16 checkpoint has no GPTQ layer, so
@@ -175,6 +176,22 @@ def main() -> int:
         except Exception as exc:
             pytest_res = {"rc": None, "error": f"{type(exc).__name__}: {exc}"}
         summary["pytest"] = pytest_res
+        flush()
+
+    # 1b. what TRITON_ATTN's 260-byte rows cost the decode (timed beside the engines:
+    # the ratio of the two layouts, timed alternately, is the figure)
+    if not a.skip_pytest and time.time() < deadline - 60:
+        try:
+            r = subprocess.run([sys.executable, str(Path(__file__).parent / "layout_cost.py"),
+                                "--out", str(out / "layout_cost.json"), "--quick"],
+                               cwd=ROOT, env=env, capture_output=True, text=True,
+                               timeout=max(20, min(120, deadline - time.time() - 30)),
+                               check=False)
+            cost = json.loads((out / "layout_cost.json").read_text())
+            summary["layout_cost"] = {"rc": r.returncode, "errors": cost.get("errors"),
+                                      "rows": cost.get("rows")}
+        except Exception as exc:
+            summary["layout_cost"] = {"error": f"{type(exc).__name__}: {exc}"}
         flush()
 
     # 2. the A/B: wait for the sides, then compare
