@@ -53,9 +53,10 @@ def test_serve_settings_pass_every_rule_and_reach_the_command_line(tmp_path: Pat
 
 
 def test_serve_settings_share_bounds(tmp_path: Path) -> None:
-    # vLLM's utilisation is the share, but never under the schema's floor of 0.1
-    assert "--gpu-memory-utilization 0.1" in " ".join(vllm_argv(_settings(tmp_path, 0.05)))
-    assert "--gpu-memory-utilization 0.25" in " ".join(vllm_argv(_settings(tmp_path, 0.25)))
+    # vLLM's utilisation is the job's share of the GPU (the round call gives 0.07)
+    assert "--gpu-memory-utilization 0.07 " in " ".join(vllm_argv(_settings(tmp_path, 0.07)))
+    assert "--gpu-memory-utilization 0.25 " in " ".join(vllm_argv(_settings(tmp_path, 0.25)))
+    assert "--gpu-memory-utilization 0.99 " in " ".join(vllm_argv(_settings(tmp_path, 1.0)))
     with pytest.raises(ValueError, match="GPU share"):
         oc.serve_settings(model_dir="m", serve_python="p", port=1, share=0, work="w",
                           startup_s=1)

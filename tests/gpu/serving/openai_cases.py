@@ -68,9 +68,9 @@ def serve_settings(*, model_dir: str, serve_python: str, port: int, share: float
     prompt (the tiny checkpoint's profiling run stays small); private cache, log and lock
     folders; a port the other device scripts do not use.
     """
-    if not 0 < share <= 1:
-        raise ValueError(f"GPU share {share}: expected a fraction in (0, 1]")
-    util = min(max(share, 0.1), 0.99)
+    if not 0.01 <= share <= 1:
+        raise ValueError(f"GPU share {share}: expected a fraction in [0.01, 1]")
+    util = min(share, 0.99)  # vLLM refuses to start unless this much is free
     return {
         "SM70_MODEL_DIR": model_dir,
         "SM70_SERVE_PYTHON": serve_python,
