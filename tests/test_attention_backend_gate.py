@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import vllm_patch
-from sm70ctl.settings import SettingsError, load_settings
+from sm70ctl.settings import load_settings
 from vllm_patch import plugin
 
 MODULE = plugin.ATTENTION_MODULE
