@@ -10,8 +10,8 @@ Rows (JSON "rows", a markdown table beside it): impl in
   V100 runs; frac_of_m8n8k4_peak divides its TFLOP/s by the m8n8k4 loop's (fmha_tc_peak),
   the figure the issue's 50 % target reads (on an H200 m8n8k4 is emulated: the fraction
   says how close the kernel's pipeline gets to what that instruction can give there).
-- sm70_native: the arch::Sm80 tag. Today it runs the same m8n8k4 body (no m16n8k16 body
-  yet), so it shows only that the tag dispatch works, not an H200-tuned kernel.
+- sm70_native: the arch::Sm80 tag, the same design with m16n8k16 products (the H200
+  timing instantiation; frac_of_m16n8k16_peak against that loop), not an H200-tuned kernel.
 - sdpa: torch SDPA over the same context dequantised to fp16 (K/V repeated to Hq heads),
   causal lower-right mask; also the cross-check of our output (max_err_vs_sdpa).
 - vllm_triton: vLLM's unified_attention over the same int8 cache (per-token-head scales),

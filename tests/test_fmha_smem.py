@@ -1,6 +1,6 @@
-"""The FMHA prefill kernel's dynamic shared memory: variants.FMHA_SMEM (what the Volta limit
-check adds to the static figure) is the header's kFmSmemBytes, recomputed from its
-constexpr constants, and within Volta's 96 KB per block."""
+"""The FMHA prefill kernel's dynamic shared memory: variants.FMHA_SMEM / FMHA_SMEM_H200 (what
+the limit check adds to the static figure) are the header's kFmSmemBytes / kFm16SmemBytes,
+recomputed from its constexpr constants, and within Volta's 96 KB per block."""
 
 from __future__ import annotations
 
@@ -30,8 +30,12 @@ def test_header_constants_parse_an_expression_over_earlier_ones():
 
 
 def test_variants_carry_the_headers_dynamic_shared_memory():
-    smem = header_constants(HEADER.read_text())["kFmSmemBytes"]
-    assert variants.FMHA_SMEM == smem <= 96 * 1024
-    fmha = [v for v in variants.VARIANTS + variants.H200_VARIANTS
-            if v.expr.startswith("sm70::fmha_prefill_kernel")]
-    assert len(fmha) == 2 and all(v.dynamic_smem == smem and v.threads == 256 for v in fmha)
+    consts = header_constants(HEADER.read_text())
+    volta, h200 = consts["kFmSmemBytes"], consts["kFm16SmemBytes"]
+    assert variants.FMHA_SMEM == volta <= 96 * 1024
+    assert variants.FMHA_SMEM_H200 == h200 <= 96 * 1024
+    want = {f"sm70::fmha_prefill_kernel<{variants.VOLTA}>": volta,
+            f"sm70::fmha_prefill_kernel<{variants.H200}>": h200}
+    got = {v.expr: v.dynamic_smem for v in variants.VARIANTS + variants.H200_VARIANTS
+           if v.expr.startswith("sm70::fmha_prefill_kernel")}
+    assert got == want

@@ -30,9 +30,10 @@
 // per row, V: 136, P: 18). One block per SM on a V100; 8 warps keep the tensor cores fed
 // without a second block.
 //
-// Architecture tags (common/arch.cuh): both arch::Sm70 and arch::Sm80 run this m8n8k4
-// code; there is no m16n8k16 body yet, so the H200 "native" path times the emulated
-// m8n8k4 instruction (fmha_tc_peak measures that ceiling in the same run).
+// Architecture tags (common/arch.cuh): arch::Sm70 is the m8n8k4 code a V100 runs;
+// arch::Sm80 (the sm_80+ test GPU, where m8n8k4 is emulated) runs the same tiling, rows,
+// softmax and loads with m16n8k16 products: its own pitches (kFm16*) and V stored
+// transposed, so every fragment is 4-byte shared-memory reads.
 #pragma once
 
 #include "common/arch.cuh"
@@ -62,6 +63,36 @@ static_assert(kFmSmemBytes <= 96 * 1024, "Volta: at most 96 KB of shared memory 
 static_assert(kFmQBytes % 16 == 0 && kFmKBytes % 16 == 0 && kFmVBytes % 16 == 0 &&
                   kFmSBytes % 16 == 0 && kFmPBytes % 16 == 0,
               "16-byte aligned sub-buffers");
+
+// arch::Sm80 (m16n8k16): fragments are 4-byte pairs along k, so the pitches that spread a
+// fragment load over all banks differ (132 words per Q / K row, 20 per P row), and V is
+// stored transposed (one row of 32 keys per head dim) so a B fragment (two keys of one
+// dim) is one 4-byte read.
+constexpr int kFm16QPitch = 264;  // halves per Q / K row
+constexpr int kFm16VtPitch = 40;  // halves per transposed V row (one head dim)
+constexpr int kFm16PPitch = 40;   // halves per P row
+constexpr int kFm16QBytes = kFmRows * kFm16QPitch * 2;
+constexpr int kFm16KBytes = kFmKeys * kFm16QPitch * 2;
+constexpr int kFm16VBytes = kFmD * kFm16VtPitch * 2;
+constexpr int kFm16PBytes = kFmRows * kFm16PPitch * 2;
+constexpr int kFm16SmemBytes = kFm16QBytes + kFm16KBytes + kFm16VBytes + kFmSBytes +
+                               kFm16PBytes + 2 * kFmRows * 4;
+static_assert(kFm16SmemBytes <= 96 * 1024, "the same budget on the sm_80+ instantiation");
+static_assert(kFm16QBytes % 16 == 0 && kFm16KBytes % 16 == 0 && kFm16VBytes % 16 == 0 &&
+                  kFm16PBytes % 16 == 0,
+              "16-byte aligned sub-buffers");
+
+template <class Arch>
+struct FmLayout {
+  static constexpr bool kTc16 = Arch::kM16n8k16;
+  static constexpr int QPitch = kTc16 ? kFm16QPitch : kFmQPitch;
+  static constexpr int PPitch = kTc16 ? kFm16PPitch : kFmPPitch;
+  static constexpr int QBytes = kTc16 ? kFm16QBytes : kFmQBytes;
+  static constexpr int KBytes = kTc16 ? kFm16KBytes : kFmKBytes;
+  static constexpr int VBytes = kTc16 ? kFm16VBytes : kFmVBytes;
+  static constexpr int PBytes = kTc16 ? kFm16PBytes : kFmPBytes;
+  static constexpr int Bytes = kTc16 ? kFm16SmemBytes : kFmSmemBytes;
+};
 
 struct FmhaPrefillParams {
   const __half* q;      // [T, Hq, 256]
@@ -139,6 +170,11 @@ __device__ __forceinline__ void fm_load_tile(const FmhaPrefillParams& p, int kt,
   }
 }
 
+// Two adjacent halves of shared memory as one word (4-byte aligned by construction).
+__device__ __forceinline__ uint32_t ld_u32(const __half* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
 // Four int8 (one word) times scale as two half2 words.
 __device__ __forceinline__ uint2 fm_dequant4(uint32_t w, float s) {
   const __half2 a = __floats2half2_rn((float)(int8_t)(w & 0xffu) * s,
@@ -149,12 +185,14 @@ __device__ __forceinline__ uint2 fm_dequant4(uint32_t w, float s) {
                     *reinterpret_cast<const uint32_t*>(&b));
 }
 
+template <class Arch>
 __device__ __forceinline__ void fm_store_tile(const FmTileRegs& r, __half* ks, __half* vs) {
+  using L = FmLayout<Arch>;
   const int tid = threadIdx.x;
   const int key = tid >> 3;
   const int d0 = (tid & 7) * 32;
-  uint2* kd = reinterpret_cast<uint2*>(ks + key * kFmQPitch + d0);  // 8-byte aligned rows
-  uint2* vd = reinterpret_cast<uint2*>(vs + key * kFmVPitch + d0);
+  uint2* kd = reinterpret_cast<uint2*>(ks + key * L::QPitch + d0);  // 8-byte aligned rows
+  uint2 kv[8], vv[8];  // the thread's 32 K and 32 V values as fp16, 4 per word pair
   if (r.kind == 1) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -162,41 +200,57 @@ __device__ __forceinline__ void fm_store_tile(const FmTileRegs& r, __half* ks, _
       const uint32_t vw[4] = {r.v[i].x, r.v[i].y, r.v[i].z, r.v[i].w};
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        kd[4 * i + c] = fm_dequant4(kw[c], r.ks);
-        vd[4 * i + c] = fm_dequant4(vw[c], r.vs);
+        kv[4 * i + c] = fm_dequant4(kw[c], r.ks);
+        vv[4 * i + c] = fm_dequant4(vw[c], r.vs);
       }
     }
   } else if (r.kind == 2) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      kd[2 * i] = make_uint2(r.k[i].x, r.k[i].y);
-      kd[2 * i + 1] = make_uint2(r.k[i].z, r.k[i].w);
-      vd[2 * i] = make_uint2(r.v[i].x, r.v[i].y);
-      vd[2 * i + 1] = make_uint2(r.v[i].z, r.v[i].w);
+      kv[2 * i] = make_uint2(r.k[i].x, r.k[i].y);
+      kv[2 * i + 1] = make_uint2(r.k[i].z, r.k[i].w);
+      vv[2 * i] = make_uint2(r.v[i].x, r.v[i].y);
+      vv[2 * i + 1] = make_uint2(r.v[i].z, r.v[i].w);
     }
   } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      kd[i] = make_uint2(0u, 0u);
-      vd[i] = make_uint2(0u, 0u);
+      kv[i] = make_uint2(0u, 0u);
+      vv[i] = make_uint2(0u, 0u);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) kd[i] = kv[i];
+  if constexpr (!L::kTc16) {
+    uint2* vd = reinterpret_cast<uint2*>(vs + key * kFmVPitch + d0);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) vd[i] = vv[i];
+  } else {  // transposed: dim d0 + e, key
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const __half* h = reinterpret_cast<const __half*>(&vv[i]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) vs[(d0 + 4 * i + e) * kFm16VtPitch + key] = h[e];
     }
   }
 }
 
-// Grid: (row blocks of the longest chunk, B, Hkv), kFmThreads threads, kFmSmemBytes of
-// dynamic shared memory. Both tags run the m8n8k4 body (see the top of the file).
+// Grid: (row blocks of the longest chunk, B, Hkv), kFmThreads threads and
+// dynamic shared memory (FmLayout<Arch>::Bytes). The tag picks the products (top of file).
 template <class Arch>
 __global__ void __launch_bounds__(kFmThreads, 1)
     fmha_prefill_kernel(const FmhaPrefillParams p) {
   extern __shared__ __align__(16) unsigned char fm_smem[];
+  using L = FmLayout<Arch>;
+  constexpr bool TC16 = L::kTc16;
   __half* qs = reinterpret_cast<__half*>(fm_smem);
-  __half* ks = reinterpret_cast<__half*>(fm_smem + kFmQBytes);
-  __half* vs = reinterpret_cast<__half*>(fm_smem + kFmQBytes + kFmKBytes);
-  float* ss = reinterpret_cast<float*>(fm_smem + kFmQBytes + kFmKBytes + kFmVBytes);
+  __half* ks = reinterpret_cast<__half*>(fm_smem + L::QBytes);
+  __half* vs = reinterpret_cast<__half*>(fm_smem + L::QBytes + L::KBytes);
+  float* ss = reinterpret_cast<float*>(fm_smem + L::QBytes + L::KBytes + L::VBytes);
   __half* ps =
-      reinterpret_cast<__half*>(fm_smem + kFmQBytes + kFmKBytes + kFmVBytes + kFmSBytes);
-  float* row_a = reinterpret_cast<float*>(fm_smem + kFmQBytes + kFmKBytes + kFmVBytes +
-                                          kFmSBytes + kFmPBytes);
+      reinterpret_cast<__half*>(fm_smem + L::QBytes + L::KBytes + L::VBytes + kFmSBytes);
+  float* row_a = reinterpret_cast<float*>(fm_smem + L::QBytes + L::KBytes + L::VBytes +
+                                          kFmSBytes + L::PBytes);
   float* row_l = row_a + kFmRows;
 
   const int b = blockIdx.y;
@@ -235,7 +289,7 @@ __global__ void __launch_bounds__(kFmThreads, 1)
                                                  (int64_t)h * p.q_head_stride) +
                   lane);
     }
-    uint2* dst = reinterpret_cast<uint2*>(qs + r * kFmQPitch + lane * 8);
+    uint2* dst = reinterpret_cast<uint2*>(qs + r * L::QPitch + lane * 8);
     dst[0] = make_uint2(val.x, val.y);
     dst[1] = make_uint2(val.z, val.w);
   }
@@ -250,6 +304,9 @@ __global__ void __launch_bounds__(kFmThreads, 1)
   const int s_key = 8 * (qp >> 1) + l4 + 4 * hi;  // B fragment key (K), + 16 per key group
   const int c_row0 = 16 * rg + 8 * (qp & 1) + (lane & 1) + 4 * hi;  // C row, + (i & 2)
   const int c_col0 = 8 * (qp >> 1) + (lane & 2);                    // C column, + (i&4)+(i&1)
+  // m16n8k16 fragment coordinates: row (A, C) / column (B) g, k pair (A, B) / column pair t
+  const int gq = lane >> 2;
+  const int t4 = lane & 3;
 
   // softmax thread: row sm_row, columns 8 sm_part .. +7, its row's running statistics
   const int sm_row = tid >> 2;
@@ -266,10 +323,38 @@ __global__ void __launch_bounds__(kFmThreads, 1)
     for (int i = 0; i < 8; ++i) o[s][i] = 0.f;
 
   for (int kt = 0; kt < n_tiles; ++kt) {
-    fm_store_tile(raw, ks, vs);
+    fm_store_tile<Arch>(raw, ks, vs);
     if (kt + 1 < n_tiles) fm_load_tile(p, kt + 1, kvh, ctx, kv_len, q0, bt, raw);
     __syncthreads();
 
+    if constexpr (TC16) {
+      // partial S over the warp's 128 dims, m16n8k16: one m16 row tile x four n8 key tiles
+      float acc[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+      const __half* qa = qs + (16 * rg + gq) * L::QPitch + 128 * ch + 2 * t4;
+      const __half* kb = ks + gq * L::QPitch + 128 * ch + 2 * t4;
+#pragma unroll 4
+      for (int kk = 0; kk < 128 / 16; ++kk) {
+        const uint32_t a[4] = {ld_u32(qa + 16 * kk), ld_u32(qa + 8 * L::QPitch + 16 * kk),
+                               ld_u32(qa + 16 * kk + 8),
+                               ld_u32(qa + 8 * L::QPitch + 16 * kk + 8)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const __half* kj = kb + 8 * j * L::QPitch + 16 * kk;
+          const uint32_t bb[2] = {ld_u32(kj), ld_u32(kj + 8)};
+          mma_m16n8k16(acc[j], a, bb);
+        }
+      }
+      float* sp = ss + ch * kFmRows * kFmSPitch + (16 * rg + gq) * kFmSPitch + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        *reinterpret_cast<float2*>(sp + 8 * j) = make_float2(acc[j][0], acc[j][1]);
+        *reinterpret_cast<float2*>(sp + 8 * kFmSPitch + 8 * j) = make_float2(acc[j][2], acc[j][3]);
+      }
+    } else
     // partial S = Q K^T over the warp's 128 dims: 16 rows x 32 keys (two key groups of
     // 16), two independent accumulator chains per group
     {
@@ -342,7 +427,7 @@ __global__ void __launch_bounds__(kFmThreads, 1)
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       run_l = run_l * alpha + sum;
       run_m = m_new;
-      uint2* pd = reinterpret_cast<uint2*>(ps + sm_row * kFmPPitch + 8 * sm_part);
+      uint2* pd = reinterpret_cast<uint2*>(ps + sm_row * L::PPitch + 8 * sm_part);
       pd[0] = *reinterpret_cast<const uint2*>(&pv[0]);
       pd[1] = *reinterpret_cast<const uint2*>(&pv[4]);
       if (sm_part == 0) row_a[sm_row] = alpha;
@@ -350,7 +435,33 @@ __global__ void __launch_bounds__(kFmThreads, 1)
     __syncthreads();
 
     // O = alpha O + P V over the warp's 16 rows x 128 dims
-    {
+    if constexpr (TC16) {
+      // 16 n8 dim tiles, o[s][i] as o16[2 s + (i >> 2)][i & 3]
+      float(&o16)[16][4] = *reinterpret_cast<float(*)[16][4]>(&o[0][0]);
+      const float a_lo = row_a[16 * rg + gq];
+      const float a_hi = row_a[16 * rg + gq + 8];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        o16[j][0] *= a_lo;
+        o16[j][1] *= a_lo;
+        o16[j][2] *= a_hi;
+        o16[j][3] *= a_hi;
+      }
+      const __half* pa = ps + (16 * rg + gq) * L::PPitch + 2 * t4;
+      const __half* vb = vs + (128 * ch + gq) * kFm16VtPitch + 2 * t4;
+#pragma unroll
+      for (int kk = 0; kk < kFmKeys / 16; ++kk) {
+        const uint32_t a[4] = {ld_u32(pa + 16 * kk), ld_u32(pa + 8 * L::PPitch + 16 * kk),
+                               ld_u32(pa + 16 * kk + 8),
+                               ld_u32(pa + 8 * L::PPitch + 16 * kk + 8)};
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const __half* vj = vb + 8 * j * kFm16VtPitch + 16 * kk;
+          const uint32_t bb[2] = {ld_u32(vj), ld_u32(vj + 8)};
+          mma_m16n8k16(o16[j], a, bb);
+        }
+      }
+    } else {
       const float a_lo = row_a[c_row0];
       const float a_hi = row_a[c_row0 + 2];
 #pragma unroll
@@ -378,25 +489,45 @@ __global__ void __launch_bounds__(kFmThreads, 1)
   __syncthreads();
 
   // out = O / l for the warp's rows that are real (token, head) pairs
+  if constexpr (TC16) {
+    const float(&o16)[16][4] = *reinterpret_cast<const float(*)[16][4]>(&o[0][0]);
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int r = c_row0 + 2 * hh;
-    const int m = m0 + r;
-    if (m >= rows) continue;
-    const float l = row_l[r];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int t = m / G;
-    const int h = kvh * G + (m - t * G);
-    __half* dst = p.out + (int64_t)(q0 + t) * p.out_tok_stride + (int64_t)h * p.out_head_stride +
-                  128 * ch + 8 * (qp >> 1) + (lane & 2);
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 16 * rg + gq + 8 * hh;
+      const int m = m0 + r;
+      if (m >= rows) continue;
+      const float l = row_l[r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int t = m / G;
+      const int h = kvh * G + (m - t * G);
+      __half* dst = p.out + (int64_t)(q0 + t) * p.out_tok_stride +
+                    (int64_t)h * p.out_head_stride + 128 * ch + 2 * t4;
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      // C columns (i & 4) + (lane & 2) + (i & 1): pairs i, i + 1 are adjacent columns
+      for (int j = 0; j < 16; ++j)
+        *reinterpret_cast<__half2*>(dst + 8 * j) =
+            __floats2half2_rn(o16[j][2 * hh] * inv, o16[j][2 * hh + 1] * inv);
+    }
+  } else {
 #pragma unroll
-      for (int q4 = 0; q4 < 2; ++q4) {
-        const int i = 4 * q4 + 2 * hh;  // i & 2 = 2 hh, i & 4 = 4 q4
-        *reinterpret_cast<__half2*>(dst + 16 * s + 4 * q4) =
-            __floats2half2_rn(o[s][i] * inv, o[s][i + 1] * inv);
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = c_row0 + 2 * hh;
+      const int m = m0 + r;
+      if (m >= rows) continue;
+      const float l = row_l[r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int t = m / G;
+      const int h = kvh * G + (m - t * G);
+      __half* dst = p.out + (int64_t)(q0 + t) * p.out_tok_stride + (int64_t)h * p.out_head_stride +
+                    128 * ch + 8 * (qp >> 1) + (lane & 2);
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        // C columns (i & 4) + (lane & 2) + (i & 1): pairs i, i + 1 are adjacent columns
+#pragma unroll
+        for (int q4 = 0; q4 < 2; ++q4) {
+          const int i = 4 * q4 + 2 * hh;  // i & 2 = 2 hh, i & 4 = 4 q4
+          *reinterpret_cast<__half2*>(dst + 16 * s + 4 * q4) =
+              __floats2half2_rn(o[s][i] * inv, o[s][i + 1] * inv);
+        }
       }
     }
   }
@@ -452,11 +583,12 @@ inline cudaError_t launch_fmha_prefill(const FmhaPrefillParams& p, int batch, in
   const int64_t max_rows = (int64_t)max_q_len * p.group;
   if (batch == 0 || max_rows == 0) return cudaSuccess;
   const cudaError_t e = cudaFuncSetAttribute(
-      fmha_prefill_kernel<Arch>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFmSmemBytes);
+      fmha_prefill_kernel<Arch>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      FmLayout<Arch>::Bytes);
   if (e != cudaSuccess) return e;
   const dim3 grid((unsigned)((max_rows + kFmRows - 1) / kFmRows), (unsigned)batch,
                   (unsigned)num_kv_heads);
-  fmha_prefill_kernel<Arch><<<grid, kFmThreads, kFmSmemBytes, stream>>>(p);
+  fmha_prefill_kernel<Arch><<<grid, kFmThreads, FmLayout<Arch>::Bytes, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -125,8 +125,7 @@ Tensor fmha_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   p.group = (int)(hq / hkv);
   p.scale_log2 = (float)(sm_scale * 1.4426950408889634);
   auto stream = c10::cuda::getCurrentCUDAStream();
-  // both tags run the m8n8k4 body today (attention/fmha_prefill.cuh); the tag is still
-  // chosen here so an m16n8k16 body slots in without touching the callers
+  // arch::Sm80 (m16n8k16) on sm_80+ unless set_arch_path("sm70") asks for the Volta code
   const cudaError_t e =
       use_sm80_path(q.device().index())
           ? sm70::launch_fmha_prefill<sm70::arch::Sm80>(p, (int)batch, (int)hkv, (int)max_q_len,

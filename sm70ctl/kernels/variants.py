@@ -34,7 +34,8 @@ DECODE = "attention/paged_decode.cuh"
 ALLREDUCE = "allreduce/two_gpu.cuh"
 GDN_DECODE = "gdn/recurrent_decode.cuh"
 FMHA = "attention/fmha_prefill.cuh"
-FMHA_SMEM = 90880  # kFmSmemBytes in attention/fmha_prefill.cuh
+FMHA_SMEM = 90880  # kFmSmemBytes in attention/fmha_prefill.cuh (arch::Sm70)
+FMHA_SMEM_H200 = 95232  # kFm16SmemBytes (arch::Sm80: its own pitches, V transposed)
 GQA_GROUP = 6  # Qwen3.8-27B: 24 query heads over 4 KV heads
 MAX_QUERY_ROWS = 4  # 1 + MTP k=3
 VOLTA = "sm70::arch::Sm70"  # the architecture tag a V100 runs (csrc/common/arch.cuh)
@@ -92,7 +93,7 @@ H200_VARIANTS: tuple[KernelVariant, ...] = (
         for b in ("false", "true")
         for qn in range(1, MAX_QUERY_ROWS + 1)
     ),
-    KernelVariant(FMHA, f"sm70::fmha_prefill_kernel<{H200}>", 256, FMHA_SMEM),
+    KernelVariant(FMHA, f"sm70::fmha_prefill_kernel<{H200}>", 256, FMHA_SMEM_H200),
 )
 
 
