@@ -274,6 +274,7 @@ MUTANTS: tuple[Mutant, ...] = (
             (FMHA, "test_fmha_prefill_matches_reference",
              {"q_lens": [129, 1, 300], "hq": 4, "layout": "page", "arch": "native"}),
         ),
+        ((FMHA, "test_fmha_tc_peak_runs", {}),),  # the control: no attention in it
     ),
 )
 

@@ -202,8 +202,10 @@ def test_fmha_prefill_refuses_unaligned_cache_strides():
 
 
 def test_fmha_tc_peak_runs():
-    """The benchmark's ceiling loop runs and writes every thread's sum."""
-    out = torch.full((4 * 256,), float("nan"), device="cuda")
-    kernels.fmha_tc_peak(out, 16, wide=False)
-    torch.cuda.synchronize()
-    assert torch.isfinite(out).all()
+    """The benchmark's ceiling loops run and write every thread's sum (m16n8k16 on sm_80+)."""
+    wides = [False] + ([True] if torch.cuda.get_device_capability(0)[0] >= 8 else [])
+    for wide in wides:
+        out = torch.full((4 * 256,), float("nan"), device="cuda")
+        kernels.fmha_tc_peak(out, 16, wide=wide)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all(), wide
