@@ -26,13 +26,14 @@ def _constants() -> dict[str, int]:
 def test_plan_counts_the_plugins_dequant_slice_and_row_threshold():
     c = _constants()
     assert c["DEQUANT_SLICE_BYTES"] == workspaces.DEQUANT_SLICE_BYTES
-    assert c["GEMV_CHUNKED_MAX_ROWS"] == workspaces.GEMV_CHUNKED_MAX_ROWS
+    assert c["INT8_GEMM_MAX_ROWS"] == workspaces.INT8_GEMM_MAX_ROWS
 
 
 def test_the_reference_plan_has_the_dequant_item_only_for_prefill_sized_chunks():
     items = {i.key: i for i in _items(tokens=2048)}
     assert items["gemm.dequant"].bytes == workspaces.DEQUANT_SLICE_BYTES  # gate_up is larger
-    assert "gemm.dequant" not in {i.key for i in _items(tokens=32)}
+    assert "gemm.dequant" not in {i.key for i in _items(tokens=255)}
+    assert "gemm.dequant" in {i.key for i in _items(tokens=256)}
     assert "gemm.dequant" not in {i.key for i in _items(tokens=2048, int8=False)}
 
 

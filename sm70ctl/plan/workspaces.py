@@ -15,10 +15,10 @@ from sm70ctl.plan.model_config import ModelShape
 from sm70ctl.plan.shapes import ceil_div, kv_heads_per_gpu, vocab_per_gpu
 
 FP16, FP32 = 2, 4
-# vllm_patch/quantization/sm70_gptq.py: above GEMV_CHUNKED_MAX_ROWS rows a quantized layer is
-# multiplied through a transient fp16 copy of at most DEQUANT_SLICE_BYTES of its weights
-# (a test keeps these equal to the plugin's).
-GEMV_CHUNKED_MAX_ROWS = 32
+# vllm_patch/quantization/sm70_gptq.py: on a V100, above INT8_GEMM_MAX_ROWS rows a quantized
+# layer is multiplied through a transient fp16 copy of at most DEQUANT_SLICE_BYTES of its
+# weights (a test keeps these equal to the plugin's).
+INT8_GEMM_MAX_ROWS = 255
 DEQUANT_SLICE_BYTES = 32 << 20
 
 
@@ -102,7 +102,7 @@ def workspace_items(m: ModelShape, w: WorkspaceInputs, *, kinds: set[str], last:
                 c * vocab * FP16 + c * vocab_full * FP32 * 2,
                 {"tokens": c, "vocab": vocab_full}))
 
-    if w.int8_weights and t > GEMV_CHUNKED_MAX_ROWS:
+    if w.int8_weights and t > INT8_GEMM_MAX_ROWS:
         # the largest quantized projection per GPU is gate_up_proj (2 x I/TP outputs); the
         # lm_head is larger but is sliced to the same cap
         biggest = 2 * (m.intermediate_size // w.tp) * h * FP16

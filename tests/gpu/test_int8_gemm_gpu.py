@@ -92,12 +92,12 @@ def test_gptq_dequant_equals_the_reference_bit_for_bit(n, k):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("m", [9, 16, 32, 33, 300])
+@pytest.mark.parametrize("arch", ["native", "sm70"])
+@pytest.mark.parametrize("m", [9, 16, 32, 33, 255, 300])
 @pytest.mark.parametrize("n", [5120, 40000])
-def test_sm70_gptq_rows_above_the_gemv_take_slices_or_the_dequantised_gemm(m, n, monkeypatch):
+def test_sm70_gptq_rows_above_the_gemv_take_their_instantiations_path(m, n, arch, monkeypatch):
     sm70_gptq = pytest.importorskip("vllm_patch.quantization.sm70_gptq")  # needs vLLM
-    # 40,000 x 1,024 x 2 B exceeds a 32 MiB slice only when the cap is lowered: do so, so the
-    # sliced loop (and its bias slices) runs on a small test
+    # 40,000 x 1,024 x 2 B exceeds a 16 MiB slice: the sliced loop (and its bias slices) runs
     monkeypatch.setattr(sm70_gptq, "DEQUANT_SLICE_BYTES", 16 << 20)
     k = 1024
     gen = torch.Generator(device="cuda").manual_seed(m * n)
@@ -106,8 +106,16 @@ def test_sm70_gptq_rows_above_the_gemv_take_slices_or_the_dequantised_gemm(m, n,
     x = torch.randn(m, k, device="cuda", generator=gen).half()
     bias = torch.randn(n, device="cuda", generator=gen).half()
     before = dict(sm70_gptq.CALLS)
-    y = sm70_gptq._run(x, qw, sz, 128, 8, bias)
-    path = "gemv_chunks" if m <= sm70_gptq.GEMV_CHUNKED_MAX_ROWS else "dequant_gemm"
+    kernels.set_arch_path(arch)
+    try:
+        y = sm70_gptq._run(x, qw, sz, 128, 8, bias)
+    finally:
+        kernels.set_arch_path("native")
+    volta = arch == "sm70" or torch.cuda.get_device_capability()[0] == 7
+    if volta:
+        path = "gemm" if m <= sm70_gptq.INT8_GEMM_MAX_ROWS else "dequant_gemm"
+    else:
+        path = "gemv_chunks" if m <= sm70_gptq.GEMV_CHUNKED_MAX_ROWS else "dequant_gemm"
     assert sm70_gptq.CALLS[path] == before[path] + 1
     w_t = ref.dequant_gptq_int8(qweight, qzeros, scales, 128).t()
     want = ref.lowrank_reference(x.float(), w_t, bias, None, None, None)

@@ -53,23 +53,30 @@ CLAIMED_USER_VALUES = (None, "gptq", NAME)
 _settings: dict[str, Any] = {"gemv_max_rows": 8, "int8_lm_head": True}
 # Eager calls per path; CUDA-graph replays do not run Python, so these count eager and
 # capture-time calls only (the A/B harness reads them in-process).
-CALLS: dict[str, int] = {"gemv": 0, "gemv_chunks": 0, "dequant_gemm": 0}
+CALLS: dict[str, int] = {"gemv": 0, "gemv_chunks": 0, "gemm": 0, "dequant_gemm": 0}
 
-# Above gemv_max_rows and up to this many rows, the GEMV runs on slices of gemv_max_rows rows:
-# each slice reads the int8 weights once (1 byte per weight), while the dequantised path below
-# moves 5 (read 1 and write 2 for the fp16 copy, read 2 in the GEMM), so slicing wins up to
-# about 5 slices. Above it, one layer at a time is dequantised into a transient fp16 copy and
-# multiplied by cuBLAS's fp16 GEMM (tensor cores on every architecture, Volta's included): the
-# int8 GEMM (int8_gemm_lowrank) has only the m8n8k4 instantiation, which newer GPUs emulate
-# (bench/results/h200_vllm_decode.json, op split in h200_vllm_op_split.json), and stays for the
-# low-rank correction. The copy is transient (at most DEQUANT_SLICE_BYTES), so vLLM's profiling
-# run sees it and the memory plan counts it.
+# Rows above gemv_max_rows, by instantiation (the GEMV reads the int8 weights once per call:
+# 1 byte per weight; the dequantised path moves 5: read 1 and write 2 for a transient fp16 copy,
+# read 2 in cuBLAS's GEMM):
+# - Volta (a V100, or set_arch_path("sm70")): the int8 GEMM (int8_gemm_lowrank, m8n8k4) up to
+#   INT8_GEMM_MAX_ROWS: it reads the weights once, and below about 256 rows a layer is bound by
+#   that read; above, the GEMM is compute-bound and cuBLAS's tensor-core efficiency outweighs
+#   the copy (at 125 TFLOP/s and 898 GB/s the copy costs about what the GEMM's own arithmetic
+#   does at 256 rows, 14 % at 2,048; the crossover assumes our GEMM at about 40 % of peak,
+#   projected, not measured on a V100).
+# - sm_80 and newer: m8n8k4 is emulated there (the H200 slice A/B measured the int8 GEMM at
+#   15.9x stock's time for an 8K prefill, bench/results/h200_vllm_decode.json), so GEMV slices
+#   up to GEMV_CHUNKED_MAX_ROWS (slicing wins up to about 5 slices), cuBLAS on the copy above.
+# The copy is transient (at most DEQUANT_SLICE_BYTES), so vLLM's profiling run sees it and the
+# memory plan counts it.
 GEMV_CHUNKED_MAX_ROWS = 32
+INT8_GEMM_MAX_ROWS = 255
 # The transient fp16 copy's cap: the largest projection of the model at TP=1 (gate_up_proj,
 # 34,816 x 5,120) in fp16 is 356 MB and the lm_head 2.5 GB; 32 MiB slices (3,264 output
 # columns at K = 5,120: a 2,048-token chunk still makes 68-GFLOP cuBLAS calls) keep the
 # reference model on 2 x 16 GiB cards.
 DEQUANT_SLICE_BYTES = 32 << 20
+_volta_devices: dict[int, bool] = {}
 _register_lock = threading.Lock()
 
 
@@ -118,6 +125,13 @@ def _run(
     if m <= max_rows:
         CALLS["gemv"] += 1
         y = kernels.gptq_gemv(x2, qw, sz, group_size, bias)
+    elif _volta_path(x2.device):
+        if m <= INT8_GEMM_MAX_ROWS:
+            CALLS["gemm"] += 1
+            y = kernels.int8_gemm(x2, qw, sz, group_size, bias)
+        else:
+            CALLS["dequant_gemm"] += 1
+            y = _dequant_gemm(x2, qw, sz, group_size, bias)
     elif m <= GEMV_CHUNKED_MAX_ROWS:
         CALLS["gemv_chunks"] += 1
         y = torch.cat([kernels.gptq_gemv(x2[i : i + max_rows], qw, sz, group_size, bias)
@@ -126,6 +140,19 @@ def _run(
         CALLS["dequant_gemm"] += 1
         y = _dequant_gemm(x2, qw, sz, group_size, bias)
     return y.reshape(*lead, qw.shape[0])
+
+
+def _volta_path(device: torch.device) -> bool:
+    """Whether this device runs the Volta instantiations: compute capability 7.x, or any GPU
+    when set_arch_path("sm70") forces them (tests)."""
+    from vllm_patch.ops import kernels
+
+    if kernels.arch_path() == "sm70":
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _volta_devices:
+        _volta_devices[index] = torch.cuda.get_device_capability(index)[0] == 7
+    return _volta_devices[index]
 
 
 def _dequant_gemm(
