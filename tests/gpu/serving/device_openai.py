@@ -24,6 +24,7 @@ shape of the answer. docs/serving_api.md lists them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -206,7 +207,7 @@ def stop_server(run: Run, proc: subprocess.Popen, log_dir: Path) -> None:
             proc.wait(timeout=45)
         except subprocess.TimeoutExpired:
             info["serve_killed"] = True
-            os.killpg(proc.pid, signal.SIGKILL)  # serve's own session (start_new_session)
+            proc.kill()
             proc.wait()
     info["serve_rc"] = proc.returncode
     if child is not None:
@@ -657,10 +658,24 @@ def body(run: Run) -> int:
 
     console = open(run.out / "serve_console.log", "w")  # noqa: SIM115 - closed at the end
     t = time.time()
+    # serve stays in this job's process group, so the round call's kill at its deadline
+    # reaches it; vLLM runs in a group of its own (serve's supervisor), killed on SIGTERM
     proc = subprocess.Popen(serve_cmd(mode, env_file, dry=False), env=env, cwd=WORK,
-                            stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=console, stderr=subprocess.STDOUT)
     run.summary["server"].update({"pid": proc.pid, "mode": mode})
     run.write()
+
+    def terminated(signum: int, _frame: Any) -> None:
+        child = vllm_pid(log_dir, run.out / "serve_console.log")
+        for kill in (lambda: os.killpg(child, signal.SIGKILL) if child else None, proc.kill):
+            with contextlib.suppress(OSError):
+                kill()
+        run.summary["server"]["terminated_by"] = signal.Signals(signum).name
+        run.summary["passed"] = False
+        run.write()
+        os._exit(1)
+
+    signal.signal(signal.SIGTERM, terminated)
     base = f"http://127.0.0.1:{PORT}"
     try:
         from transformers import AutoTokenizer  # after the start: the GPU check runs first
