@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[3]
 TESTS = "tests/gpu/test_fmha_gpu.py"
 MUTANT = "fmha-mask-one-key-ahead"
 MARGIN_S = 15.0  # kept back for writing the summary
+MUTANT_S = 260.0  # the mutant step: a whole-extension build, then its tests
 
 
 def junit_counts(path: Path) -> dict[str, int]:
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     # 2. bench: what is left, less a share for the mutant when there is room for it
     left = t_end - time.monotonic()
     bench_json = out / "bench_fmha.json"
-    bench_s = left - 200 if left > 500 else left
+    bench_s = left - MUTANT_S if left > 2 * MUTANT_S + 60 else left
     if bench_s > 20:
         step = run_step([py, "bench/bench_fmha.py", "--out", str(bench_json), "--tokens",
                          args.tokens, "--budget-s", str(max(bench_s - 20, 10))],
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # 3. the mutant, if there is time for its build (about a minute) and its tests
     left = t_end - time.monotonic()
-    if left > 240:
+    if left > MUTANT_S - 20:
         work = out / "mutant_work"  # the mutated csrc copy and library, removed after
         menv = {**env, "SM70_MUTANTS_DIR": str(work)}
         step = run_step([py, "tests/gpu/mutants.py", "--only", MUTANT, "--jobs", "8", "--out",
