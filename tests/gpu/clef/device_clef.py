@@ -138,6 +138,9 @@ def setup() -> dict[str, Any]:
     from vllm_patch.ops.loader import load_ops
     from vllm_patch.quantization import sm70_gptq
 
+    share = os.environ.get("SM70_GPU_SHARE")
+    if share and DEV == "cuda":  # several scripts share the GPU: stay within ours
+        torch.cuda.set_per_process_memory_fraction(min(1.0, float(share)))
     load_ops()
     sm70_gptq.configure(8, True)
     sm70_gptq._register_ops()
