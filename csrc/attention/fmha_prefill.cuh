@@ -25,10 +25,9 @@
 //
 // Shared memory (dynamic; Volta gives a block at most 96 KB): Q 64 rows, K and V 32 rows
 // each (fp16, padded pitches), two partial S tiles 64 x 32 fp32, P 64 x 32 fp16, two
-// floats per row. The
-// pitches put the 16 rows one fragment load touches on distinct banks (Q, K: 130 words
-// per row, V: 136, P: 18). One block per SM on a V100; 8 warps keep the tensor cores fed
-// without a second block.
+// floats per row. The pitches put the 16 rows one fragment load touches on distinct
+// banks (Q, K: 130 words per row, V: 136, P: 18). That leaves room for one block per SM
+// on a V100, hence 8 warps per block (the latency hiding a second block would give).
 //
 // Architecture tags (common/arch.cuh): arch::Sm70 is the m8n8k4 code a V100 runs;
 // arch::Sm80 (the sm_80+ test GPU, where m8n8k4 is emulated) runs the same tiling, rows,
