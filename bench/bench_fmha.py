@@ -308,7 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.hkv < 1 or args.hq % args.hkv or args.chunk < 1 or args.block_size < 1:
         ap.error(f"--hq {args.hq} must be a multiple of --hkv {args.hkv}; --chunk and "
                  "--block-size must be positive")
-    result = run(args)
+    try:
+        result = run(args)
+    except Exception:  # no GPU, no ops: the JSON still says why
+        Path(args.out).write_text(json.dumps({"rows": [], "errors": [traceback.format_exc()]}))
+        raise
     print(markdown(result["rows"]))
     return 0 if not result["errors"] else 1
 
