@@ -160,6 +160,13 @@ def test_fmha_prefill_matches_reference(q_lens, ctxs, block_size, hq, hkv, layou
     assert_close(out, want, (q_lens, ctxs, block_size, hq, hkv, layout, arch))
 
 
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (16, 2), (9, 3)], ids=["mha", "gqa8", "gqa3"])
+def test_fmha_prefill_other_groups(hq, hkv, arch):
+    """Any Hq = G x Hkv: one query head per KV head, 8 (64 rows = 8 tokens), 3."""
+    out, want = run_case([70, 3, 200], [100, 17, 0], hq, hkv, 16, "page", hq * 100 + hkv)
+    assert_close(out, want, (hq, hkv, arch))
+
+
 def test_fmha_prefill_reference_sees_the_newest_key():
     """The cases can catch a mask one key off: on the reference itself, dropping each
     query's newest key moves the early rows of a context-free chunk by O(0.1)."""
