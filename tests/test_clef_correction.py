@@ -2,7 +2,7 @@
 this interpreter or .serve-venv, tests/serve_venv.py).
 
 - the masked add: Clef rows get (x A^T) B^T of their slice, chat rows keep the layer's own
-  output bit for bit (also when x A^T overflows: zero is chosen, not multiplied);
+  output bit for bit (also when x A^T overflows, and a -0 stays -0: chosen, not added);
 - the fused GEMM's slicing: one op call per slice on that slice's rows of W, checked in
   float64 against x (W + blockdiag(B_i A_i))^T with the pure-torch op reference;
 - the loader's shards from a real SM70_CLEF_DIR (tests/clef_fixture.py, tiny widths) at
@@ -47,10 +47,12 @@ a = [rnd(8, 32, s=0.2), rnd(8, 32, s=0.2)]
 b = [rnd(6, 8, s=0.2), rnd(4, 8, s=0.2)]
 mask = torch.tensor([1, 0, 1, 0, 0, 1], dtype=torch.uint8)
 x[1] = 60000.0  # a chat row whose x A^T overflows fp16
+y0[3, 2] = -0.0  # -0 + 0 would come back +0
 y = y0.clone()
 cc.add_correction(y, x, a, b, [0, 6, 6, 10], mask)
 chat = mask == 0
-out["add_chat_equal"] = bool(torch.equal(y[chat], y0[chat]))
+out["add_chat_equal"] = bool(torch.equal(y[chat].view(torch.int16),
+                                         y0[chat].view(torch.int16)))
 want = y0.double().clone()
 for i, (lo, hi) in enumerate([(0, 6), (6, 10)]):
     want[:, lo:hi] += (x.double() @ a[i].double().t()) @ b[i].double().t()

@@ -127,13 +127,14 @@ def add_correction(y: torch.Tensor, x: torch.Tensor, a_ts: Sequence[torch.Tensor
                    mask: torch.Tensor) -> None:
     """y[:, lo_i:hi_i] += mask * ((x A_i^T) B_i^T), in place, for every slice i.
 
-    Chat rows get exactly zero added (torch.where, not a multiply: an overflowed x A^T times
-    0 would be NaN), so their values stay those of the layer's own kernel."""
+    Chat rows are left as the layer's own kernel wrote them: chosen by torch.where, not
+    by adding a masked zero (an overflowed x A^T times 0 is NaN, and -0 + 0 is +0)."""
     keep = mask.view(-1, 1).bool()
     for i, (a, b) in enumerate(zip(a_ts, b_ts, strict=True)):
         lo, hi = bounds[2 * i], bounds[2 * i + 1]
         t = torch.where(keep, x @ a.t(), 0)
-        y[:, lo:hi] += t @ b.t()
+        ys = y[:, lo:hi]
+        ys.copy_(torch.where(keep, ys + t @ b.t(), ys))
 
 
 GemmFn = Callable[..., torch.Tensor]
