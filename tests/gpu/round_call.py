@@ -68,6 +68,7 @@ def jobs(py: str) -> list[Job]:
         script("tests/gpu/gdn/device_gdn.py", "gdn", {"ops", "tiny"}, 0.15),
         script("tests/gpu/serving/device_spec_prefix.py", "spec_prefix", {"ops", "tiny"}, 0.12),
         script("tests/gpu/serving/device_openai.py", "openai", {"ops", "tiny"}, 0.07),
+        script("tests/gpu/serving/device_draft_int8.py", "draft_int8", {"ops", "tiny"}, 0.08),
         script("tests/gpu/logprobs/device_logprobs.py", "logprobs", {"ops", "slice"}, 0.28),
         # the tiny A/B with our side on the Volta m8n8k4 instantiations (set_arch_path)
         Job("ab_tiny_sm70", [py, str(AB / "run_ab.py"), "--shape", "tiny", "--side-args",

@@ -1,0 +1,427 @@
+"""The MTP draft layer on our kernels (issue 24 item 3): int8 draft against no speculation.
+
+Run on the GPU machine by the lead's round call, from the repository root:
+
+    python3 tests/gpu/serving/device_draft_int8.py --out $OUT_DIR --budget-s N
+
+after the plugin is installed into $SM70_SITE, our ops are built and the tiny A/B checkpoint
+(it carries the MTP tensors, 16-bit as the reference's) is in $SM70_AB_TINY. Two engines on
+our plugin and the int8 copy, each in its own process (this file with --engine), started at
+once, eager (so every draft-layer call runs Python and is counted):
+  spec   MTP k = 3, SM70_PLUGIN_CONFIG spec.draft_head_dtype int8 (the default);
+  plain  no speculation: the reference output.
+The spec engine records, in-process: every linear layer under the drafter's model
+(worker.model_runner.drafter.model) and the method it got; the bytes of each draft layer
+when draft_int8 converts it (its fp16 weight before, the int8 tensors after, and the
+allocator's change); the calls of our GEMV/dequant ops whose weight is a draft layer's
+(the kernel entry points wrapped after start-up, matched by the weight's address); vLLM's
+spec-decode counters. Greedy 64 tokens for 10 prompts (one at a time, then all together)
+are compared with compare.compare_sides. $OUT_DIR/summary.json is rewritten as it goes,
+beside engines.json (every row) and logs.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+sys.path.insert(0, str(HERE.parents[0] / "ab"))
+sys.path.insert(0, str(HERE))
+
+ENGINES = ("spec", "plain")
+K = 3
+MAX_LEN = 4096
+MAX_BATCHED = 512
+KV_GIB = 0.5
+DRAFT_METHOD = "DraftInt8LinearMethod"
+# The drafter's linear layers in vLLM 0.22.1's Qwen3_5MTP: fc, qkv_proj, o_proj,
+# gate_up_proj, down_proj (one MTP layer in the tiny checkpoint).
+DRAFT_LINEARS = 5
+MARGIN_S = 20
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def atomic_write(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------------- pure parts
+def engine_configs(model: str, util: float) -> dict[str, dict[str, Any]]:
+    """vLLM keyword arguments of the two engines (ab_side.engine_kwargs, eager)."""
+    from ab_side import engine_kwargs
+
+    if not 0.0 < util < 1.0:
+        raise ValueError(f"gpu_memory_utilization={util}: must be in (0, 1)")
+    out = {}
+    for name in ENGINES:
+        kw = engine_kwargs(model, "eager", MAX_BATCHED, MAX_LEN, KV_GIB, util)
+        kw["disable_log_stats"] = False  # the spec-decode counters (acceptance)
+        if name == "spec":
+            # the drafter picks its own attention backend unless told: the target's, which
+            # serves the int8 KV cache
+            kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": K,
+                                        "attention_backend": kw["attention_backend"]}
+        out[name] = kw
+    return out
+
+
+def plan_phases() -> dict[str, list[list[list[int]]]]:
+    """10 prompts (8 short, 2 long enough for chunked prefill): 3 one at a time (decode rows
+    of one sequence), then all 10 together (the drafter's rows above the GEMV's 8)."""
+    from ab_side import prompts
+
+    ps = prompts()[:10]
+    return {"single": [[p] for p in ps[:3]], "batch10": [ps]}
+
+
+def judge(engines: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The verdict: None when an engine produced nothing to compare."""
+    from compare import compare_sides
+
+    spec, plain = engines.get("spec") or {}, engines.get("plain") or {}
+    out: dict[str, Any] = {"passed": None}
+    if not spec.get("phases") or not plain.get("phases"):
+        out["why"] = "an engine produced no rows (see engines.json and logs.txt)"
+        return out
+    cmp = compare_sides(plain, spec)
+    out["comparison"] = {k: v for k, v in cmp.items() if k != "phases"}
+    layers = (spec.get("drafter") or {}).get("linear_methods") or {}
+    ours = [n for n, m in layers.items() if m == DRAFT_METHOD]
+    calls = spec.get("draft_op_calls") or {}
+    conv = spec.get("conversions") or []
+    before = sum(c["bytes_before"] for c in conv)
+    after = sum(c["bytes_after"] for c in conv)
+    checks = {
+        "outputs_match": bool(cmp["passed"]),
+        "every_draft_linear_is_ours": bool(layers) and len(ours) == len(layers),
+        "draft_linears_seen": len(layers) >= DRAFT_LINEARS,
+        "draft_gemv_ran": calls.get("gptq_gemv", 0) > 0,
+        "draft_apply_counted": (spec.get("draft_int8_calls") or {}).get("apply", 0) > 0,
+        "draft_layers_converted": len(conv) == len(layers) and before > 0,
+        "draft_bytes_shrank": 0 < after < before,
+        "plain_has_no_drafter": not (plain.get("drafter") or {}).get("linear_methods"),
+    }
+    out.update(checks=checks, draft_bytes_before=before, draft_bytes_after=after,
+               draft_linears=len(layers), draft_op_calls=calls,
+               all_equal=cmp["all_equal"], equal_requests=cmp["equal_requests"],
+               requests=cmp["requests"], spec_counters=spec.get("spec_counters"))
+    out["passed"] = all(checks.values())
+    return out
+
+
+# ---------------------------------------------------------------------- engine side
+def _drafter(worker: Any) -> Any:
+    return getattr(getattr(worker, "model_runner", None), "drafter", None)
+
+
+def _drafter_facts(worker: Any) -> dict[str, Any] | None:
+    """Runs in the worker (in this process): the drafter's linear layers and their methods,
+    the addresses of their int8 weights, and its parameter bytes."""
+    from ab_side import summarize_model
+    from vllm.model_executor.layers.linear import LinearBase
+
+    drafter = _drafter(worker)
+    model = getattr(drafter, "model", None)
+    if model is None:
+        return None
+    methods: dict[str, str] = {}
+    ptrs: list[int] = []
+    layer_bytes: dict[str, int] = {}
+    for name, mod in model.named_modules():
+        if not isinstance(mod, LinearBase):
+            continue
+        methods[name] = type(getattr(mod, "quant_method", None)).__name__
+        w = getattr(mod, "qweight", None)
+        if w is not None:
+            ptrs.append(int(w.data_ptr()))
+        layer_bytes[name] = sum(p.numel() * p.element_size()
+                                for p in mod.parameters(recurse=False))
+    return {"drafter": type(drafter).__name__, "model": type(model).__name__,
+            "linear_methods": methods, "qweight_ptrs": ptrs, "linear_param_bytes": layer_bytes,
+            **summarize_model(model)}
+
+
+def _drafter_facts_direct(llm: Any) -> dict[str, Any] | None:
+    """The same from llm.llm_engine's in-process engine core, if collective_rpc fails."""
+    core = llm.llm_engine.engine_core
+    core = getattr(core, "engine_core", core)
+    worker = core.model_executor.driver_worker
+    return _drafter_facts(getattr(worker, "worker", worker))
+
+
+def _record_conversions(draft_int8: Any, conversions: list[dict[str, Any]]) -> None:
+    """Wrap draft_int8.convert_layer (before the engine loads): bytes and allocator change."""
+    import torch
+
+    original = draft_int8.convert_layer
+
+    def convert_layer(layer: Any) -> None:
+        w = layer.weight
+        rec: dict[str, Any] = {"shape": list(w.shape), "dtype": str(w.dtype),
+                               "bytes_before": w.numel() * w.element_size()}
+        del w
+        torch.cuda.synchronize()
+        mem0 = torch.cuda.memory_allocated()
+        original(layer)
+        torch.cuda.synchronize()
+        rec["bytes_after"] = sum(p.numel() * p.element_size()
+                                 for p in (layer.qweight, layer.sm70_sz))
+        rec["allocated_delta"] = torch.cuda.memory_allocated() - mem0
+        conversions.append(rec)
+
+    draft_int8.convert_layer = convert_layer
+
+
+def _count_draft_ops(ptrs: set[int], counts: dict[str, int]) -> None:
+    """Wrap our kernel entry points: count the calls whose weight is a draft layer's."""
+    from vllm_patch.ops import kernels
+
+    def wrap(name: str) -> None:
+        fn: Callable[..., Any] = getattr(kernels, name)
+        counts.setdefault(name, 0)
+        counts.setdefault(name + "_all", 0)
+
+        def counted(x: Any, qw: Any, *args: Any, **kwargs: Any) -> Any:
+            counts[name + "_all"] += 1
+            if int(qw.data_ptr()) in ptrs or (qw.dim() == 2 and int(qw.untyped_storage()
+                                                                      .data_ptr()) in ptrs):
+                counts[name] += 1
+            return fn(x, qw, *args, **kwargs)
+
+        setattr(kernels, name, counted)
+
+    # gptq_gemv(x, qw, ...); gptq_dequant(qw, sz, ...) takes the weight first
+    wrap("gptq_gemv")
+    original = kernels.gptq_dequant
+    counts.setdefault("gptq_dequant", 0)
+
+    def dequant(qw: Any, *args: Any, **kwargs: Any) -> Any:
+        if int(qw.untyped_storage().data_ptr()) in ptrs:
+            counts["gptq_dequant"] += 1
+        return original(qw, *args, **kwargs)
+
+    kernels.gptq_dequant = dequant
+
+
+def _counters(read: Callable[[Any], dict[str, Any]], llm: Any,
+              res: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return read(llm)
+    except Exception as exc:  # descriptive only
+        res["counters_error"] = f"{type(exc).__name__}: {exc}"
+        return {}
+
+
+def engine_main(name: str, kwargs_path: Path, out: Path, deadline: float) -> int:
+    res: dict[str, Any] = {"name": name, "error": None, "phases": {}, "phase_errors": {},
+                           "phase_seconds": {}}
+
+    def flush() -> None:
+        atomic_write(out, res)
+
+    t0 = time.time()
+    try:
+        from ab_side import NEW_TOKENS, run_phase
+        from spec_engine import read_counters
+        from vllm import LLM, SamplingParams
+
+        from vllm_patch.quantization import draft_int8, sm70_gptq
+
+        conversions: list[dict[str, Any]] = []
+        res["conversions"] = conversions
+        _record_conversions(draft_int8, conversions)
+        kw = json.loads(kwargs_path.read_text())
+        res["engine_kwargs"] = kw
+        flush()
+        llm = LLM(**kw)
+        res["startup_s"] = round(time.time() - t0, 1)
+        cfg = llm.llm_engine.vllm_config
+        spec = cfg.speculative_config
+        res["speculative"] = None if spec is None else {
+            k: str(getattr(spec, k, None)) for k in ("method", "num_speculative_tokens",
+                                                     "attention_backend")}
+        res["quant_config"] = repr(cfg.quant_config)
+        try:
+            from vllm_patch.plugin import registered
+
+            res["plugin"] = {k: str(v) for k, v in registered().items()}
+        except Exception as exc:
+            res["plugin"] = f"{type(exc).__name__}: {exc}"
+        try:
+            facts = llm.collective_rpc(_drafter_facts)[0]
+            res["drafter_via"] = "collective_rpc"
+        except Exception as exc:
+            res["drafter_rpc_error"] = f"{type(exc).__name__}: {exc}"
+            facts = _drafter_facts_direct(llm)
+            res["drafter_via"] = "llm_engine.engine_core"
+        res["drafter"] = facts
+        ptrs = set((facts or {}).get("qweight_ptrs") or [])
+        op_counts: dict[str, int] = {}
+        _count_draft_ops(ptrs, op_counts)
+        res["draft_op_calls"] = op_counts
+        flush()
+        sp = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True,
+                            logprobs=2, detokenize=False)
+        counters0 = _counters(read_counters, llm, res)
+        for phase, batches in plan_phases().items():
+            if time.time() > deadline:
+                res["phase_errors"][phase] = "skipped: deadline"
+                continue
+            t = time.time()
+            try:
+                rows: list[dict[str, Any]] = []
+                for batch in batches:
+                    rows += run_phase(llm, sp, batch)
+                    res["phases"][phase] = rows
+                    res["draft_op_calls"] = dict(op_counts)
+                    res["draft_int8_calls"] = dict(draft_int8.CALLS)
+                    flush()
+            except Exception as exc:
+                res["phase_errors"][phase] = f"{type(exc).__name__}: {exc}"
+                res.setdefault("tracebacks", {})[phase] = traceback.format_exc()[-3000:]
+            res["phase_seconds"][phase] = round(time.time() - t, 2)
+            flush()
+        counters1 = _counters(read_counters, llm, res)
+        res["spec_counters"] = {k: v for k, v in counters1.items()
+                                if "spec_decode" in k and v != counters0.get(k)}
+        res["sm70_op_calls"] = dict(sm70_gptq.CALLS)
+        res["draft_int8_calls"] = dict(draft_int8.CALLS)
+        res["draft_op_calls"] = dict(op_counts)
+    except Exception as exc:  # the driver reports it; keep what ran
+        res["error"] = f"{type(exc).__name__}: {exc}"
+        res["traceback"] = traceback.format_exc()[-6000:]
+    res["total_s"] = round(time.time() - t0, 1)
+    flush()
+    return 0 if res["error"] is None else 1
+
+
+# ---------------------------------------------------------------------- driver
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, help="summary.json, engines.json, logs.txt")
+    ap.add_argument("--budget-s", type=float, default=480)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/draft_int8"),
+                    help="engine JSON and logs (only --out comes back)")
+    ap.add_argument("--engine", choices=ENGINES, help=argparse.SUPPRESS)
+    ap.add_argument("--kwargs", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.engine:
+        return engine_main(a.engine, a.kwargs, a.result, a.deadline)
+    if a.out is None:
+        ap.error("--out is required")
+
+    from run_ab import side_env, start
+
+    t0 = time.time()
+    deadline = t0 + a.budget_s - MARGIN_S
+    out: Path = a.out
+    out.mkdir(parents=True, exist_ok=True)
+    work: Path = a.work
+    work.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"passed": None, "started": time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "budget_s": a.budget_s}
+
+    def flush() -> None:
+        summary["elapsed_s"] = round(time.time() - t0, 1)
+        atomic_write(out / "summary.json", summary)
+
+    tiny = Path(os.environ.get("SM70_AB_TINY", "/tmp/ab/tiny"))
+    share = float(os.environ.get("SM70_GPU_SHARE", "0.08"))
+    util = round(share / len(ENGINES), 3)
+    try:
+        configs = engine_configs(str(tiny / "int8"), util)
+    except ValueError as exc:
+        summary["error"] = str(exc)
+        flush()
+        return 1
+    summary.update(model=str(tiny / "int8"), gpu_share=share, util_per_engine=util,
+                   engine_kwargs=configs)
+    flush()
+    files = {n: work / f"{n}.json" for n in ENGINES}
+    procs: dict[str, subprocess.Popen] = {}
+    plugin_config = json.dumps({"spec": {"draft_head_dtype": "int8"}})
+    for name, kw in configs.items():
+        files[name].unlink(missing_ok=True)
+        kw_path = work / f"{name}_kwargs.json"
+        kw_path.write_text(json.dumps(kw))
+        env = side_env("ours", {"VLLM_CACHE_ROOT": f"/tmp/vc_draft_{name}",
+                                "SM70_PLUGIN_CONFIG": plugin_config})
+        procs[name] = start(
+            [sys.executable, str(Path(__file__).resolve()), "--engine", name, "--kwargs",
+             str(kw_path), "--result", str(files[name]), "--deadline", str(deadline)],
+            env, work / f"{name}.log")
+    log(f"started {list(procs)} at util {util} each")
+
+    engines: dict[str, dict[str, Any]] = {}
+
+    def snapshot() -> None:
+        for n in ENGINES:
+            got = read_json(files[n])
+            if got is not None:
+                engines[n] = got
+        atomic_write(out / "engines.json", engines)
+        with open(out / "logs.txt", "w") as fh:
+            for n in ENGINES:
+                p = work / f"{n}.log"
+                text = p.read_text(errors="replace") if p.exists() else ""
+                fh.write(f"===== {n}.log ({len(text)} chars, last 15000)\n{text[-15000:]}\n")
+
+    while any(p.poll() is None for p in procs.values()) and time.time() < deadline:
+        time.sleep(3)
+        snapshot()
+        summary["progress"] = {n: {"error": (engines.get(n) or {}).get("error"),
+                                   "startup_s": (engines.get(n) or {}).get("startup_s"),
+                                   "phases_done": len((engines.get(n) or {}).get("phases")
+                                                      or {})}
+                               for n in ENGINES}
+        flush()
+    for name, p in procs.items():
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+            log(f"{name}: killed at the budget")
+        summary.setdefault("rc", {})[name] = p.returncode
+        log(f"{name}: rc={p.returncode}")
+    snapshot()
+    for n in ENGINES:
+        e = engines.get(n) or {}
+        if e.get("error") or e.get("phase_errors"):
+            summary.setdefault("engine_errors", {})[n] = {
+                "error": e.get("error"), "phase_errors": e.get("phase_errors")}
+    try:
+        summary.update(judge(engines))
+    except Exception as exc:  # engines.json holds every row; the verdict can be redone
+        summary["judge_error"] = f"{type(exc).__name__}: {exc}"
+        summary["judge_traceback"] = traceback.format_exc()[-3000:]
+    flush()
+    log(f"passed={summary['passed']}")
+    return 0 if summary["passed"] else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    sys.exit(main())

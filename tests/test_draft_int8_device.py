@@ -1,0 +1,94 @@
+"""The verdict of tests/gpu/serving/device_draft_int8.py on made-up engine results (pure), and
+its engine configuration: the GPU run must not pass on a drafter left on vLLM's fp16 method,
+a GEMV that never saw a draft weight, outputs that differ, or bytes that did not shrink."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "gpu" / "serving" / "device_draft_int8.py"
+LAYERS = ["model.fc", "model.layers.0.self_attn.qkv_proj", "model.layers.0.self_attn.o_proj",
+          "model.layers.0.mlp.gate_up_proj", "model.layers.0.mlp.down_proj"]
+
+
+@pytest.fixture(scope="module")
+def dev() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("device_draft_int8", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(tokens: list[int]) -> dict[str, Any]:
+    return {"prompt_len": 5, "tokens": tokens, "logprobs": [-0.1] * len(tokens),
+            "top2": [[t, -0.1, t + 1, -3.0] for t in tokens]}
+
+
+def _engines() -> dict[str, dict[str, Any]]:
+    phases = {"single": [_row([1, 2, 3])], "batch10": [_row([4, 5, 6]), _row([7, 8, 9])]}
+    spec = {"phases": copy.deepcopy(phases),
+            "drafter": {"linear_methods": dict.fromkeys(LAYERS, "DraftInt8LinearMethod")},
+            "draft_op_calls": {"gptq_gemv": 40, "gptq_gemv_all": 90, "gptq_dequant": 5},
+            "draft_int8_calls": {"apply": 50, "rows": 400},
+            "conversions": [{"bytes_before": 2 * 1024, "bytes_after": 1024 + 32}] * 5}
+    return {"spec": spec, "plain": {"phases": phases, "drafter": None}}
+
+
+def test_a_good_run_passes(dev: ModuleType) -> None:
+    v = dev.judge(_engines())
+    assert v["passed"] is True, v["checks"]
+    assert v["draft_bytes_before"] == 5 * 2048 and v["draft_bytes_after"] == 5 * 1056
+    assert v["all_equal"] and v["requests"] == 3
+
+
+@pytest.mark.parametrize("broken", ["fp16 method", "no gemv", "tokens differ", "no shrink",
+                                    "missing layer", "unconverted"])
+def test_each_broken_run_fails(dev: ModuleType, broken: str) -> None:
+    e = _engines()
+    s = e["spec"]
+    if broken == "fp16 method":
+        s["drafter"]["linear_methods"]["model.fc"] = "UnquantizedLinearMethod"
+    elif broken == "no gemv":
+        s["draft_op_calls"]["gptq_gemv"] = 0
+    elif broken == "tokens differ":  # where the reference's margin is far above the noise
+        s["phases"]["batch10"][1] = _row([7, 99, 9])
+    elif broken == "no shrink":
+        s["conversions"] = [{"bytes_before": 2048, "bytes_after": 2048}] * 5
+    elif broken == "missing layer":
+        del s["drafter"]["linear_methods"]["model.layers.0.mlp.down_proj"]
+        s["conversions"] = s["conversions"][:4]
+    elif broken == "unconverted":
+        s["conversions"] = s["conversions"][:3]
+    v = dev.judge(e)
+    assert v["passed"] is False, broken
+
+
+def test_no_rows_is_no_verdict(dev: ModuleType) -> None:
+    e = _engines()
+    e["spec"]["phases"] = {}
+    assert dev.judge(e)["passed"] is None
+
+
+def test_engines_are_ours_eager_and_only_one_speculates(dev: ModuleType) -> None:
+    cfg = dev.engine_configs("/tmp/ab/tiny/int8", 0.04)
+    assert set(cfg) == {"spec", "plain"}
+    for kw in cfg.values():
+        assert kw["enforce_eager"] and kw["gpu_memory_utilization"] == 0.04
+        assert kw["kv_cache_memory_bytes"] == dev.KV_GIB * 1024**3
+    assert cfg["spec"]["speculative_config"]["method"] == "mtp"
+    assert cfg["spec"]["speculative_config"]["num_speculative_tokens"] == 3
+    assert "speculative_config" not in cfg["plain"]
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization=1\.5"):
+        dev.engine_configs("/m", 1.5)
+    phases = dev.plan_phases()
+    assert sum(len(b) for bs in phases.values() for b in bs) == 13  # 3 alone + 10 together
