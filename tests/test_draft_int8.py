@@ -170,6 +170,7 @@ layer = torch.nn.Module()
 layer.register_parameter("weight", torch.nn.Parameter(w16.clone(), requires_grad=False))
 before = sum(p.numel() * p.element_size() for p in layer.parameters())
 d.convert_layer(layer)
+d.convert_layer(layer)  # a second pass keeps the converted layer
 out["converted"] = {
     "has_weight": hasattr(layer, "weight"),
     "params": {nm: [str(p.dtype), list(p.shape)] for nm, p in layer.named_parameters()},

@@ -144,6 +144,8 @@ def convert_layer(layer: Any) -> None:
     `sm70_group_size`; the fp16 weight is dropped."""
     import torch
 
+    if "weight" not in layer._parameters and hasattr(layer, "sm70_sz"):
+        return  # converted already (a second post-load pass must not fail on it)
     qw, sz = quantize_sliced(layer.weight.data)
     delattr(layer, "weight")
     layer.register_parameter("qweight", torch.nn.Parameter(qw, requires_grad=False))

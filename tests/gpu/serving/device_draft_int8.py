@@ -178,7 +178,10 @@ def _record_conversions(draft_int8: Any, conversions: list[dict[str, Any]]) -> N
     original = draft_int8.convert_layer
 
     def convert_layer(layer: Any) -> None:
-        w = layer.weight
+        w = getattr(layer, "weight", None)
+        if w is None:  # converted already: nothing to measure
+            original(layer)
+            return
         rec: dict[str, Any] = {"shape": list(w.shape), "dtype": str(w.dtype),
                                "bytes_before": w.numel() * w.element_size()}
         del w
