@@ -12,8 +12,7 @@
 // holds at least 16 codes, so the 8 share one (scale, zero).
 #pragma once
 
-#include <cuda_fp16.h>
-#include <stdint.h>
+#include "common/sm70.cuh"
 
 namespace sm70 {
 
@@ -50,11 +49,13 @@ __global__ void __launch_bounds__(kDqThreads) gptq_dequant_kernel(const GptqDequ
   *reinterpret_cast<uint4*>(p.w + n * p.K + k) = out;
 }
 
+#ifndef __CUDACC_RTC__
 inline void launch_gptq_dequant(const GptqDequantParams& p, cudaStream_t stream) {
   const int64_t items = p.N * (p.K / 8);
   if (items == 0) return;
   const int64_t blocks = (items + kDqThreads - 1) / kDqThreads;
   gptq_dequant_kernel<<<(unsigned)blocks, kDqThreads, 0, stream>>>(p);
 }
+#endif  // __CUDACC_RTC__
 
 }  // namespace sm70

@@ -64,6 +64,8 @@ VARIANTS: tuple[KernelVariant, ...] = (
         for qn in range(1, MAX_QUERY_ROWS + 1)
     ),
     KernelVariant("gemm/int8_gemm_lowrank.cuh", "sm70::lowrank_gemm_kernel", 128),
+    # prefill-sized M on cuBLAS: the weights' fp16 copy, one slice at a time
+    KernelVariant("gemm/gptq_dequant.cuh", "sm70::gptq_dequant_kernel", 256),
     # the two-GPU all-reduce (fixed grid of 32 blocks) and the single-GPU 12-bit pack/unpack
     *(KernelVariant(ALLREDUCE, f"sm70::allreduce_{m}_kernel", 512) for m in ("fp16", "int12")),
     *(KernelVariant("allreduce/int12.cuh", f"sm70::int12_{op}_kernel", 256)
