@@ -174,12 +174,34 @@ __device__ __forceinline__ uint32_t ld_u32(const __half* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// Four int8 (one word) times scale as two half2 words.
-__device__ __forceinline__ uint2 fm_dequant4(uint32_t w, float s) {
-  const __half2 a = __floats2half2_rn((float)(int8_t)(w & 0xffu) * s,
-                                      (float)(int8_t)((w >> 8) & 0xffu) * s);
-  const __half2 b = __floats2half2_rn((float)(int8_t)((w >> 16) & 0xffu) * s,
-                                      (float)(int8_t)(w >> 24) * s);
+// The fp32 scale as an unevaluated sum of two halves, hi + lo (|lo| <= 2^-12 |hi|), both
+// in each lane of a half2: the dequantisation below multiplies by both, so the one scale
+// of a whole row is not rounded to 11 bits.
+struct FmScale2 {
+  __half2 hi, lo;
+};
+
+__device__ __forceinline__ FmScale2 fm_scale2(float s) {
+  const __half h = __float2half_rn(s);
+  const __half l = __float2half_rn(s - __half2float(h));
+  return {__halves2half2(h, h), __halves2half2(l, l)};
+}
+
+// Four int8 (one word) times the scale as two half2 words, with no integer or float
+// conversion instruction (Volta issues those at a quarter of the fp32 rate, and a context
+// tile converts 64 values per thread): prmt makes each code's biased byte u = q + 128 the
+// low byte of the half 1024 + u, one exact subtraction leaves q (exact in fp16), and
+// fma(q, hi, q lo) rounds q hi + q lo once: within about one fp16 rounding of q x scale,
+// like converting the fp32 product.
+__device__ __forceinline__ uint2 fm_dequant4(uint32_t w, const FmScale2& s) {
+  const uint32_t u = w ^ 0x80808080u;  // signed codes to biased bytes
+  const uint32_t b01 = __byte_perm(u, 0x64646464u, 0x4140);  // halves 1024 + u0, 1024 + u1
+  const uint32_t b23 = __byte_perm(u, 0x64646464u, 0x4342);
+  const __half2 off = __float2half2_rn(1152.f);
+  const __half2 q01 = __hsub2(*reinterpret_cast<const __half2*>(&b01), off);
+  const __half2 q23 = __hsub2(*reinterpret_cast<const __half2*>(&b23), off);
+  const __half2 a = __hfma2(q01, s.hi, __hmul2(q01, s.lo));
+  const __half2 b = __hfma2(q23, s.hi, __hmul2(q23, s.lo));
   return make_uint2(*reinterpret_cast<const uint32_t*>(&a),
                     *reinterpret_cast<const uint32_t*>(&b));
 }
@@ -193,14 +215,15 @@ __device__ __forceinline__ void fm_store_tile(const FmTileRegs& r, __half* ks, _
   uint2* kd = reinterpret_cast<uint2*>(ks + key * L::QPitch + d0);  // 8-byte aligned rows
   uint2 kv[8], vv[8];  // the thread's 32 K and 32 V values as fp16, 4 per word pair
   if (r.kind == 1) {
+    const FmScale2 ks2 = fm_scale2(r.ks), vs2 = fm_scale2(r.vs);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const uint32_t kw[4] = {r.k[i].x, r.k[i].y, r.k[i].z, r.k[i].w};
       const uint32_t vw[4] = {r.v[i].x, r.v[i].y, r.v[i].z, r.v[i].w};
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        kv[4 * i + c] = fm_dequant4(kw[c], r.ks);
-        vv[4 * i + c] = fm_dequant4(vw[c], r.vs);
+        kv[4 * i + c] = fm_dequant4(kw[c], ks2);
+        vv[4 * i + c] = fm_dequant4(vw[c], vs2);
       }
     }
   } else if (r.kind == 2) {
