@@ -73,6 +73,25 @@ def test_each_broken_run_fails(dev: ModuleType, broken: str) -> None:
     assert v["passed"] is False, broken
 
 
+@pytest.mark.parametrize(("graphs", "want"), [
+    ("missing", True), ("good", True), ("errored", False), ("fp16 method", False),
+    ("tokens differ", False)])
+def test_the_graphs_engine_fails_the_run_only_when_it_ran_and_failed(
+        dev: ModuleType, graphs: str, want: bool) -> None:
+    e = _engines()
+    g = copy.deepcopy(e["spec"])
+    if graphs == "errored":
+        g = {"error": "RuntimeError: capture failed", "phases": {}}
+    elif graphs == "fp16 method":
+        g["drafter"]["linear_methods"]["model.fc"] = "UnquantizedLinearMethod"
+    elif graphs == "tokens differ":
+        g["phases"]["single"][0] = _row([1, 77, 3])
+    if graphs != "missing":
+        e["spec_graphs"] = g
+    v = dev.judge(e)
+    assert v["passed"] is want, (graphs, v["graphs"])
+
+
 def test_no_rows_is_no_verdict(dev: ModuleType) -> None:
     e = _engines()
     e["spec"]["phases"] = {}
@@ -81,12 +100,16 @@ def test_no_rows_is_no_verdict(dev: ModuleType) -> None:
 
 def test_engines_are_ours_eager_and_only_one_speculates(dev: ModuleType) -> None:
     cfg = dev.engine_configs("/tmp/ab/tiny/int8", 0.04)
-    assert set(cfg) == {"spec", "plain"}
+    assert set(cfg) == {"spec", "plain", "spec_graphs"}
     for kw in cfg.values():
-        assert kw["enforce_eager"] and kw["gpu_memory_utilization"] == 0.04
+        assert kw["gpu_memory_utilization"] == 0.04
         assert kw["kv_cache_memory_bytes"] == dev.KV_GIB * 1024**3
-    assert cfg["spec"]["speculative_config"]["method"] == "mtp"
-    assert cfg["spec"]["speculative_config"]["num_speculative_tokens"] == 3
+    assert cfg["spec"]["enforce_eager"] and cfg["plain"]["enforce_eager"]
+    assert "enforce_eager" not in cfg["spec_graphs"]
+    assert cfg["spec_graphs"]["compilation_config"]["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    for name in ("spec", "spec_graphs"):
+        assert cfg[name]["speculative_config"]["method"] == "mtp"
+        assert cfg[name]["speculative_config"]["num_speculative_tokens"] == 3
     assert "speculative_config" not in cfg["plain"]
     with pytest.raises(ValueError, match=r"gpu_memory_utilization=1\.5"):
         dev.engine_configs("/m", 1.5)

@@ -5,11 +5,14 @@ Run on the GPU machine by the lead's round call, from the repository root:
     python3 tests/gpu/serving/device_draft_int8.py --out $OUT_DIR --budget-s N
 
 after the plugin is installed into $SM70_SITE, our ops are built and the tiny A/B checkpoint
-(it carries the MTP tensors, 16-bit as the reference's) is in $SM70_AB_TINY. Two engines on
-our plugin and the int8 copy, each in its own process (this file with --engine), started at
-once, eager (so every draft-layer call runs Python and is counted):
-  spec   MTP k = 3, SM70_PLUGIN_CONFIG spec.draft_head_dtype int8 (the default);
-  plain  no speculation: the reference output.
+(it carries the MTP tensors, 16-bit as the reference's) is in $SM70_AB_TINY. Three engines
+on our plugin and the int8 copy, each in its own process (this file with --engine), started
+at once; the first two eager, so every draft-layer call runs Python and is counted:
+  spec         MTP k = 3, SM70_PLUGIN_CONFIG spec.draft_head_dtype int8 (the default);
+  plain        no speculation: the reference output;
+  spec_graphs  as spec with torch.compile and FULL_AND_PIECEWISE graphs (the serving mode:
+               the draft method traced through our op; its calls are counted only while
+               capturing, so only its methods and outputs are judged).
 The spec engine records, in-process: every linear layer under the drafter's model
 (worker.model_runner.drafter.model) and the method it got; the bytes of each draft layer
 when draft_int8 converts it (its fp16 weight before, the int8 tensors after, and the
@@ -38,7 +41,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(HERE.parents[0] / "ab"))
 sys.path.insert(0, str(HERE))
 
-ENGINES = ("spec", "plain")
+ENGINES = ("spec", "plain", "spec_graphs")
 K = 3
 MAX_LEN = 4096
 MAX_BATCHED = 512
@@ -69,16 +72,17 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 # ---------------------------------------------------------------------- pure parts
 def engine_configs(model: str, util: float) -> dict[str, dict[str, Any]]:
-    """vLLM keyword arguments of the two engines (ab_side.engine_kwargs, eager)."""
+    """vLLM keyword arguments of the engines (ab_side.engine_kwargs)."""
     from ab_side import engine_kwargs
 
     if not 0.0 < util < 1.0:
         raise ValueError(f"gpu_memory_utilization={util}: must be in (0, 1)")
     out = {}
     for name in ENGINES:
-        kw = engine_kwargs(model, "eager", MAX_BATCHED, MAX_LEN, KV_GIB, util)
+        mode = "graphs" if name.endswith("_graphs") else "eager"
+        kw = engine_kwargs(model, mode, MAX_BATCHED, MAX_LEN, KV_GIB, util)
         kw["disable_log_stats"] = False  # the spec-decode counters (acceptance)
-        if name == "spec":
+        if name.startswith("spec"):
             # the drafter picks its own attention backend unless told: the target's, which
             # serves the int8 KV cache
             kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": K,
@@ -96,8 +100,29 @@ def plan_phases() -> dict[str, list[list[list[int]]]]:
     return {"single": [[p] for p in ps[:3]], "batch10": [ps]}
 
 
+def judge_graphs(engines: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The graphs engine: every draft linear ours and outputs like the plain engine's. None
+    when it produced no rows without an error of its own (the budget ran out)."""
+    from compare import compare_sides
+
+    g, plain = engines.get("spec_graphs") or {}, engines.get("plain") or {}
+    if not g.get("phases") or not plain.get("phases"):
+        failed = bool(g.get("error") or g.get("phase_errors"))
+        return {"passed": False if failed else None, "error": g.get("error")}
+    cmp = compare_sides(plain, g)
+    layers = (g.get("drafter") or {}).get("linear_methods") or {}
+    checks = {"outputs_match": bool(cmp["passed"]),
+              "every_draft_linear_is_ours": len(layers) >= DRAFT_LINEARS
+              and all(m == DRAFT_METHOD for m in layers.values())}
+    return {"passed": all(checks.values()), "checks": checks, "all_equal": cmp["all_equal"],
+            "equal_requests": cmp["equal_requests"], "requests": cmp["requests"],
+            "comparison": {k: v for k, v in cmp.items() if k != "phases"},
+            "capture_time_draft_op_calls": g.get("draft_op_calls")}
+
+
 def judge(engines: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The verdict: None when an engine produced nothing to compare."""
+    """The verdict: None when an eager engine produced nothing to compare; the graphs
+    engine fails it only when it ran and failed."""
     from compare import compare_sides
 
     spec, plain = engines.get("spec") or {}, engines.get("plain") or {}
@@ -127,7 +152,8 @@ def judge(engines: dict[str, dict[str, Any]]) -> dict[str, Any]:
                draft_linears=len(layers), draft_op_calls=calls,
                all_equal=cmp["all_equal"], equal_requests=cmp["equal_requests"],
                requests=cmp["requests"], spec_counters=spec.get("spec_counters"))
-    out["passed"] = all(checks.values())
+    out["graphs"] = judge_graphs(engines)
+    out["passed"] = all(checks.values()) and out["graphs"]["passed"] is not False
     return out
 
 
