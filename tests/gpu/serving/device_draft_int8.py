@@ -276,7 +276,8 @@ def engine_main(name: str, kwargs_path: Path, out: Path, deadline: float) -> int
         from spec_engine import read_counters
         from vllm import LLM, SamplingParams
 
-        from vllm_patch.quantization import draft_int8, sm70_gptq
+        # draft_int8 imports no vLLM: wrapped before the engine loads the drafter
+        from vllm_patch.quantization import draft_int8
 
         conversions: list[dict[str, Any]] = []
         res["conversions"] = conversions
@@ -335,6 +336,8 @@ def engine_main(name: str, kwargs_path: Path, out: Path, deadline: float) -> int
         counters1 = _counters(read_counters, llm, res)
         res["spec_counters"] = {k: v for k, v in counters1.items()
                                 if "spec_decode" in k and v != counters0.get(k)}
+        from vllm_patch.quantization import sm70_gptq
+
         res["sm70_op_calls"] = dict(sm70_gptq.CALLS)
         res["draft_int8_calls"] = dict(draft_int8.CALLS)
         res["draft_op_calls"] = dict(op_counts)
