@@ -654,10 +654,13 @@ def step_memory(run: Run) -> dict[str, Any]:
             mods.append(mod)
         sync()
         delta = torch.cuda.memory_allocated() - before
+        held = sum(b.numel() * b.element_size() for mod in mods for b in mod.buffers())
         # the caching allocator rounds each tensor up to 512 bytes
-        res[f"tp{tp}"] = {"measured_bytes": delta, "plan_bytes": PLAN_CORRECTION[tp],
+        res[f"tp{tp}"] = {"measured_bytes": delta, "attached_tensor_bytes": held,
+                          "plan_bytes": PLAN_CORRECTION[tp],
                           "vllm_layers": len(src.attached), "tensors": tensors,
-                          "agree": 0 <= delta - PLAN_CORRECTION[tp] <= 512 * tensors}
+                          "agree": held == PLAN_CORRECTION[tp]
+                          and 0 <= delta - PLAN_CORRECTION[tp] <= 512 * tensors}
         del mods
         torch.cuda.empty_cache()
     res["transient"] = transient_peak()
@@ -666,7 +669,7 @@ def step_memory(run: Run) -> dict[str, Any]:
     res["passed"] = res["tp2"]["agree"] and res["tp1"]["agree"] and plan_ok
     res["figures"] = {"correction_bytes_tp2_measured": res["tp2"]["measured_bytes"],
                       "correction_bytes_tp2_plan": PLAN_CORRECTION[2],
-                      "fused_call_extra_peak_bytes": res["transient"].get("extra_peak_bytes")}
+                      "corrected_call_extra_peak_bytes": res["transient"].get("extra_peak_bytes")}
     return res
 
 
