@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -94,3 +96,22 @@ class ClefHead(torch.nn.Module):
         zn = _rms(z, self.t("head.out_norm.weight"))
         w = self.t("head.out.weight")[kinds]  # [P, D]: each position's kind row
         return (zn.float() * w.float()).sum(-1) + self.t("head.out.bias")[kinds].float()
+
+
+def head_from_folder(folder: Path, model_config: Mapping[str, Any], rank: int,
+                     device: torch.device) -> ClefHead:
+    """The head of a checked SM70_CLEF_DIR on `device` (whole on every GPU that scores:
+    it is small, and splitting it would add a collective per block)."""
+    from safetensors import safe_open
+
+    from vllm_patch.clef.validate import validate_clef_dir
+
+    try:
+        checked = validate_clef_dir(folder, model_config, rank=rank, tp_sizes=(1,))
+    except ClefError as exc:
+        raise ClefError(f"SM70_CLEF_DIR={folder}: {exc}") from None
+    cfg = checked.manifest.head
+    with safe_open(str(folder / checked.manifest.head_file), framework="pt",
+                   device="cpu") as f:
+        tensors = {name: f.get_tensor(name) for name in head_tensors(cfg)}
+    return ClefHead(cfg, tensors, device)

@@ -20,7 +20,8 @@ the next step runs), and DIR/summary.json after each:
   for a mixed batch (the mask is a device buffer; a replay runs no Python);
 - row_parallel: down_proj's two TP=2 ranks on one GPU, partial outputs summed (what the
   all-reduce does) against the unsharded layer;
-- loader: a small SM70_CLEF_DIR (tests/clef_fixture.py) checked and attached on the GPU;
+- loader: a small SM70_CLEF_DIR (tests/clef_fixture.py) checked, its shards attached and
+  its head loaded on the GPU;
 - head: the scoring head (the reference 111M-parameter config) against the head written
   out in plain PyTorch (head_reference.py, float64) on the same hidden states;
 - memory: torch.cuda.memory_allocated before/after attaching all 186 linears' shards at
@@ -518,13 +519,22 @@ def step_loader(run: Run) -> dict[str, Any]:
                 res[f"tp{tp}_rank{r}"] = {
                     "attached": ok, "bounds": bounds, "device": str(a[0].device),
                     "up_proj_B_shard_equal": bool(torch.equal(b[1].cpu(), want))}
+        from vllm_patch.clef.head_forward import head_from_folder
+
+        head = head_from_folder(folder, TINY_CONFIG, 8, torch.device(DEV))
+        logits = head(torch.randn(16, 32).half().to(DEV), torch.tensor([1, 3, 4]).to(DEV),
+                      torch.tensor([0, 1, 1]).to(DEV), torch.tensor([0, 0, 0]).to(DEV),
+                      [0, 3])
+        res["head_from_folder"] = {"logits": logits.tolist(),
+                                   "finite": bool(torch.isfinite(logits).all())}
         try:
             clef_correction.source_from_folder(folder, TINY_CONFIG, 256, 2, 0)
             res["refusal"] = None
         except ClefError as exc:
             res["refusal"] = str(exc)
         res["passed"] = all(v["attached"] and v["up_proj_B_shard_equal"] for k, v in res.items()
-                            if k.startswith("tp")) and bool(res["refusal"])
+                            if k.startswith("tp")) and bool(res["refusal"]) and res[
+                                "head_from_folder"]["finite"]
         return res
     finally:
         shutil.rmtree(folder, ignore_errors=True)
