@@ -115,3 +115,43 @@ def test_engines_are_ours_eager_and_only_one_speculates(dev: ModuleType) -> None
         dev.engine_configs("/m", 1.5)
     phases = dev.plan_phases()
     assert sum(len(b) for bs in phases.values() for b in bs) == 13  # 3 alone + 10 together
+
+
+# ---------------------------------------------------------------------- the whole driver
+FAKE = ROOT / "tests" / "gpu" / "serving" / "fake_vllm"
+
+
+def _drive(tmp: Path, **env: str) -> dict[str, Any]:
+    """The driver and its engine processes against the stand-in vLLM (no drafter, no
+    torch: the run must not pass, but every step until the verdict must run)."""
+    import json
+    import os
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp / "out"), "--work", str(tmp / "work"),
+         "--budget-s", "90"], capture_output=True, text=True, timeout=150, check=False,
+        env=dict(os.environ, PYTHONPATH=str(FAKE), SM70_AB_TINY=str(tmp / "none"),
+                 SM70_GPU_SHARE="0.08", **env))
+    summary = json.loads((tmp / "out" / "summary.json").read_text())
+    summary["_log"] = proc.stdout + proc.stderr
+    return summary
+
+
+def test_the_driver_runs_every_engine_and_refuses_a_run_without_our_drafter(
+        tmp_path: Path) -> None:
+    s = _drive(tmp_path)
+    assert s["passed"] is False, s["_log"]
+    assert s["requests"] == 13 and s["checks"]["outputs_match"], s.get("comparison")
+    assert not s["checks"]["every_draft_linear_is_ours"]
+    assert s["spec_counters"]["vllm:spec_decode_num_drafts"] > 0
+    assert s["graphs"]["requests"] == 13
+    assert (tmp_path / "out" / "engines.json").is_file()
+    assert (tmp_path / "out" / "logs.txt").is_file()
+
+
+def test_a_refused_speculative_engine_gives_no_verdict_and_its_message(tmp_path: Path) -> None:
+    s = _drive(tmp_path, FAKE_VLLM_REFUSE="mtp")
+    assert s["passed"] is None, s["_log"]
+    assert s["engine_errors"]["spec"]["error"] == "ValueError: refused by the fake"
+    assert s["progress"]["plain"]["phases_done"] == 2

@@ -199,11 +199,11 @@ def _drafter_facts_direct(llm: Any) -> dict[str, Any] | None:
 
 def _record_conversions(draft_int8: Any, conversions: list[dict[str, Any]]) -> None:
     """Wrap draft_int8.convert_layer (before the engine loads): bytes and allocator change."""
-    import torch
-
     original = draft_int8.convert_layer
 
     def convert_layer(layer: Any) -> None:
+        import torch
+
         w = getattr(layer, "weight", None)
         if w is None:  # converted already: nothing to measure
             original(layer)
@@ -288,11 +288,11 @@ def engine_main(name: str, kwargs_path: Path, out: Path, deadline: float) -> int
         llm = LLM(**kw)
         res["startup_s"] = round(time.time() - t0, 1)
         cfg = llm.llm_engine.vllm_config
-        spec = cfg.speculative_config
+        spec = getattr(cfg, "speculative_config", None)
         res["speculative"] = None if spec is None else {
             k: str(getattr(spec, k, None)) for k in ("method", "num_speculative_tokens",
                                                      "attention_backend")}
-        res["quant_config"] = repr(cfg.quant_config)
+        res["quant_config"] = repr(getattr(cfg, "quant_config", None))
         try:
             from vllm_patch.plugin import registered
 
@@ -336,9 +336,10 @@ def engine_main(name: str, kwargs_path: Path, out: Path, deadline: float) -> int
         counters1 = _counters(read_counters, llm, res)
         res["spec_counters"] = {k: v for k, v in counters1.items()
                                 if "spec_decode" in k and v != counters0.get(k)}
-        from vllm_patch.quantization import sm70_gptq
+        if "vllm_patch.quantization.sm70_gptq" in sys.modules:  # loaded by the plugin
+            from vllm_patch.quantization import sm70_gptq
 
-        res["sm70_op_calls"] = dict(sm70_gptq.CALLS)
+            res["sm70_op_calls"] = dict(sm70_gptq.CALLS)
         res["draft_int8_calls"] = dict(draft_int8.CALLS)
         res["draft_op_calls"] = dict(op_counts)
     except Exception as exc:  # the driver reports it; keep what ran
