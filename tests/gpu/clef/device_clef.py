@@ -26,7 +26,8 @@ the next step runs), and DIR/summary.json after each:
   out in plain PyTorch (head_reference.py, float64) on the same hidden states;
 - memory: torch.cuda.memory_allocated before/after attaching all 186 linears' shards at
   TP=2 and TP=1, and after loading the head, against `sm70ctl plan`'s figures; the extra
-  peak of one corrected prefill call.
+  peak of one corrected prefill call;
+- compile: the layer under torch.compile(fullgraph): the path still chosen at run time.
 
 Tolerance of a Clef row (stated, over the batch's Clef rows):
 |y - y64| <= 2 max(max|y16 - y64|, max|y0 - x W^T|) + 2^-10 max|y64|, y64 = x (W + B A)^T in
@@ -716,13 +717,73 @@ def transient_peak() -> dict[str, Any]:
         return {"error": traceback.format_exc()[-2000:]}
 
 
+def step_compile(run: Run) -> dict[str, Any]:
+    """The layer under torch.compile (fullgraph, as vLLM compiles the model): the ops' fake
+    impls trace, the path is still chosen at run time (the mask flips between calls of one
+    compiled graph), and chat rows of a mixed batch equal a chat-only batch's bit for bit."""
+    import torch
+
+    from vllm_patch.quantization import clef_correction
+    from vllm_patch.quantization.clef_correction import ROWS
+
+    gen = torch.Generator().manual_seed(11)
+    src = source(2, 0, Factors(12))
+    cases = []
+    for name, prefix, int8, k, sizes in (CASES[0], CASES[3]):
+        try:
+            build = int8_layer if int8 else fp16_layer
+            method, layer, _ = build(prefix, k, sizes, gen)
+            clef_correction.attach_from(src, layer, prefix, sum(sizes), k, torch.device(DEV))
+
+            class Wrap(torch.nn.Module):
+                def __init__(self, inner: Any, how: Any) -> None:
+                    super().__init__()
+                    self.inner, self.how = inner, how
+
+                def forward(self, x: Any) -> Any:
+                    return self.how.apply(self.inner, x)
+
+            comp = torch.compile(Wrap(layer, method), fullgraph=True, dynamic=False)
+            m = 16
+            qsl, flags = batch_layout(m)
+            x = torch.randn(m, k, generator=gen).half().to(DEV)
+            eager_mixed = forward(method, layer, x, qsl, flags)
+            eager_chat = forward(method, layer, x, qsl, [False] * len(flags))
+            ROWS.set_batch(qsl, flags, m, x.device)
+            y_mixed = comp(x).clone()
+            ROWS.set_batch(qsl, [False] * len(flags), m, x.device)
+            y_chat = comp(x).clone()
+            sync()
+            chat = torch.ones(m, dtype=torch.bool, device=x.device)
+            for i, f in enumerate(flags):
+                if f:
+                    chat[qsl[i]:qsl[i + 1]] = False
+            scale = eager_mixed.abs().max().item()
+            r = {"case": name, "m": m,
+                 "mixed_vs_eager": (y_mixed - eager_mixed).abs().max().item(),
+                 "chat_vs_eager": (y_chat - eager_chat).abs().max().item(),
+                 "clef_rows_vs_chat_only": (y_mixed[~chat] - y_chat[~chat]).abs().max().item(),
+                 "chat_rows_bit_identical": bits_equal(y_mixed[chat], y_chat[chat]),
+                 "tolerance": 2.0**-10 * scale}
+            r["passed"] = (r["mixed_vs_eager"] <= r["tolerance"]
+                           and r["chat_vs_eager"] <= r["tolerance"]
+                           and r["clef_rows_vs_chat_only"] > 10 * r["tolerance"]
+                           and r["chat_rows_bit_identical"])
+            cases.append(r)
+        except Exception:
+            cases.append({"case": name, "passed": False, "error": traceback.format_exc()[-3000:]})
+    return {"cases": cases, "passed": all(c["passed"] for c in cases)}
+
+
 STEPS: tuple[tuple[str, Callable[[Run], dict[str, Any]], float], ...] = (
+    # capture and compilation last: a capture that fails can leave the device unusable
     ("layers", step_layers, 120.0),
-    ("graphs", step_graphs, 60.0),
     ("row_parallel", step_row_parallel, 60.0),
     ("loader", step_loader, 20.0),
     ("head", step_head, 60.0),
     ("memory", step_memory, 60.0),
+    ("graphs", step_graphs, 60.0),
+    ("compile", step_compile, 120.0),
 )
 
 
@@ -734,6 +795,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated subset of the steps")
     args = ap.parse_args(argv)
     run = Run(args.out, args.budget_s - 15.0)
+    # caches that torch.compile and vLLM would write elsewhere go under --out, removed at exit
+    scratch = args.out / "scratch"
+    for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton"),
+                     ("VLLM_CACHE_ROOT", "vllm")):
+        os.environ.setdefault(var, str(scratch / sub))
+    try:
+        return _run_steps(run, args)
+    finally:
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_steps(run: Run, args: argparse.Namespace) -> int:
     try:
         run.write("env", {"passed": True, **setup(),
                           "env": {k: os.environ.get(k) for k in (
