@@ -7,8 +7,8 @@ creates and loads the fp16 weight exactly like vLLM's unquantized method (so vLL
 do the tensor-parallel split and fuse q/k/v and gate/up), then after loading quantizes each
 layer round-to-nearest to asymmetric int8 with one (scale, zero) per 128 inputs, in the GEMV
 layout sm70_gptq repacks GPTQ checkpoints to (qw [N, K] uint8, sz [N, K/128, 2] fp16), and
-frees the fp16 copy. `apply` is sm70_gptq's `int8_linear`: the GEMV for 1-8 rows, GEMV
-slices up to 32, cuBLAS on dequantised slices above.
+frees the fp16 copy. `apply` is sm70_gptq's `int8_linear`: the GEMV for 1-8 rows and, above,
+the same choice sm70_gptq makes for its own layers on this architecture.
 
 Which layers: vLLM 0.22.1 builds Qwen3.5's drafter (`Qwen3_5MTP`) under the prefix `mtp`
 (`mtp.fc`, `mtp.layers.N.self_attn.{qkv,o}_proj`, `mtp.layers.N.mlp.{gate_up,down}_proj`);

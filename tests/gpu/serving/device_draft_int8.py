@@ -241,8 +241,9 @@ def _count_draft_ops(ptrs: set[int], counts: dict[str, int]) -> None:
 
         setattr(kernels, name, counted)
 
-    # gptq_gemv(x, qw, ...); gptq_dequant(qw, sz, ...) takes the weight first
+    # gptq_gemv / int8_gemm(x, qw, ...); gptq_dequant(qw, sz, ...) takes the weight first
     wrap("gptq_gemv")
+    wrap("int8_gemm")
     original = kernels.gptq_dequant
     counts.setdefault("gptq_dequant", 0)
 
