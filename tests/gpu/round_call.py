@@ -49,6 +49,12 @@ class Job:
     ended: float | None = None
     rc: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    own_args: bool = False  # takes no --out/--budget-s (OUT is in its environment)
+
+
+NEW_MUTANTS = ["decode-packed-token-stride", "kv-write-scale-at-row-start",
+               "gdn-gqa-interleaved", "gdn-int16-scale-per-lane",
+               "gdn-conv-update-ignores-accepted", "gdn-conv-prefill-chunk-window-shifted"]
 
 
 def jobs(py: str) -> list[Job]:
@@ -58,22 +64,33 @@ def jobs(py: str) -> list[Job]:
 
     return [
         Job("suite", ["bash", str(ROOT / "tests/gpu/run_on_device.sh"), "-n", "3"],
-            {"ops"}, 0.04, extra_env={"MUTANT_PARALLEL": "2"}),
+            {"ops"}, 0.04, extra_env={"MUTANT_PARALLEL": "2"}, own_args=True),
         Job("allreduce1", [py, "-m", "pytest", "-q", "-m", "gpu", "--noconftest", "-p",
                            "no:cacheprovider", "-rf", str(ROOT / "tests/test_allreduce_gpu.py")],
-            {"ops"}, 0.02),
+            {"ops"}, 0.02, own_args=True),
+        # the mutants of this round's kernels (the suite's full list did not fit beside the
+        # vLLM jobs), built at low priority
+        Job("mutants_new", ["bash", "-c", f"nice -n 15 {py} {ROOT}/tests/gpu/mutants.py --only "
+                            f"{' '.join(NEW_MUTANTS)} --jobs 2 --parallel 2 "
+                            '--out "$OUT/mutants.json"'],
+            {"ops"}, 0.03, own_args=True),
+        script("tests/gpu/ab/run_stack.py", "stack", {"ops", "tiny", "warm"}, 0.12),
         script("tests/gpu/fmha/device_fmha.py", "fmha", {"ops"}, 0.04),
         script("tests/gpu/clef/device_clef.py", "clef", {"ops"}, 0.04),
-        script("tests/gpu/attention/device_backend_ab.py", "backend", {"ops", "tiny"}, 0.2),
-        script("tests/gpu/gdn/device_gdn.py", "gdn", {"ops", "tiny"}, 0.15),
-        script("tests/gpu/serving/device_spec_prefix.py", "spec_prefix", {"ops", "tiny"}, 0.12),
-        script("tests/gpu/serving/device_openai.py", "openai", {"ops", "tiny"}, 0.07),
-        script("tests/gpu/serving/device_draft_int8.py", "draft_int8", {"ops", "tiny"}, 0.08),
-        script("tests/gpu/logprobs/device_logprobs.py", "logprobs", {"ops", "slice"}, 0.28),
+        script("tests/gpu/attention/device_backend_ab.py", "backend", {"ops", "tiny", "warm"},
+               0.2),
+        script("tests/gpu/gdn/device_gdn.py", "gdn", {"ops", "tiny", "warm"}, 0.15),
+        script("tests/gpu/serving/device_spec_prefix.py", "spec_prefix", {"ops", "tiny", "warm"},
+               0.12),
+        script("tests/gpu/serving/device_openai.py", "openai", {"ops", "tiny", "warm"}, 0.07),
+        script("tests/gpu/serving/device_draft_int8.py", "draft_int8", {"ops", "tiny", "warm"},
+               0.08),
+        script("tests/gpu/logprobs/device_logprobs.py", "logprobs", {"ops", "slice", "warm"},
+               0.28),
         # the tiny A/B with our side on the Volta m8n8k4 instantiations (set_arch_path)
         Job("ab_tiny_sm70", [py, str(AB / "run_ab.py"), "--shape", "tiny", "--side-args",
                              "--arch-path sm70 --util 0.03 --kv-gib 1"],
-            {"ops", "tiny"}, 0.12, extra_env={"SM70_AB_PREPARED": "1"}),
+            {"ops", "tiny", "warm"}, 0.12, extra_env={"SM70_AB_PREPARED": "1"}),
     ]
 
 
@@ -117,7 +134,12 @@ def main() -> int:
     base_env = {"SM70_KERNELS_BUILD_DIR": OPS_CACHE, "TORCH_CUDA_ARCH_LIST": "9.0",
                 "SM70_AB_TINY": str(CKPT / "tiny"), "SM70_AB_SLICE": str(CKPT / "slice"),
                 "SM70_SITE": "/tmp/sm70-site", "PYTHONUNBUFFERED": "1", "MAX_JOBS": "16",
-                "SM70_AB_PREPARED": "1"}
+                "SM70_AB_PREPARED": "1",
+                # one Triton and one Inductor cache for every engine: the warm-up engine below
+                # compiles vLLM's and FLA's Triton kernels once instead of each engine doing so
+                # at the same time (the previous round call's engines spent 4 minutes there)
+                "TRITON_CACHE_DIR": "/tmp/triton-cache",
+                "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor-cache"}
     os.environ.update(base_env)
 
     def bg(cmd: list[str], env: dict[str, str], name: str) -> subprocess.Popen:
@@ -136,10 +158,12 @@ def main() -> int:
               f"touch {CKPT / 'slice.done'}")
     ckpt = bg(["bash", "-c", ck_cmd], ck_env, "checkpoints")
 
+    warm: subprocess.Popen | None = None
+    warm_started = 0.0
     selected = {s for s in a.only.split(",") if s}
     todo = [j for j in jobs(py) if not selected or j.name in selected]
     for j in todo:
-        if j.cmd[0] == py and not Path(j.cmd[1]).exists():
+        if not j.own_args and not Path(j.cmd[1]).exists():
             state["jobs"][j.name] = {"rc": None, "error": f"script {j.cmd[1]} does not exist"}
             j.rc = -999
     todo = [j for j in todo if j.rc is None]
@@ -160,6 +184,20 @@ def main() -> int:
                 log(f"checkpoint {shape} ready")
         if ckpt.poll() not in (None, 0):
             state["prep"]["checkpoints_rc"] = ckpt.returncode
+        if warm is None and {"ops", "tiny"} <= have:
+            # stock vLLM, eager, on the tiny fp16 copy: a short prompt and a chunked long one
+            warm = bg([py, str(AB / "ab_side.py"), "--side", "stock", "--mode", "eager",
+                       "--model", str(CKPT / "tiny" / "fp16"), "--phases", "single,p3000",
+                       "--util", "0.03", "--kv-gib", "1", "--out", str(prep_logs / "warm.json")],
+                      side_env("stock", {"VLLM_CACHE_ROOT": "/tmp/vc_warm"}), "warm")
+            warm_started = time.time()
+            log("warm-up engine started")
+        if warm is not None and "warm" not in have and (
+                warm.poll() is not None or time.time() - warm_started > 150):
+            have.add("warm")
+            state["prep"]["warm_rc"] = warm.poll()
+            state["prep"]["warm_s"] = round(time.time() - warm_started, 1)
+            log(f"warm-up done rc={warm.poll()} after {time.time() - warm_started:.0f} s")
         for j in todo:
             if j.proc is None and j.needs <= have:
                 left = deadline - time.time() - 10
@@ -168,8 +206,8 @@ def main() -> int:
                 cmd = [*j.cmd, "--out", str(jd), "--budget-s", str(int(left))]
                 env = dict(os.environ, SM70_GPU_SHARE=str(j.share), OUT=str(jd), **j.extra_env)
                 env["PYTHONPATH"] = f"{ROOT}:{env.get('PYTHONPATH', '')}"
-                if j.name in ("suite", "allreduce1"):
-                    cmd = list(j.cmd)  # their own arguments; OUT in the environment
+                if j.own_args:
+                    cmd = list(j.cmd)
                 fh = open(jd / "run.log", "w")  # noqa: SIM115 (lives with the process)
                 j.proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                           cwd=ROOT, start_new_session=True)
@@ -194,7 +232,8 @@ def main() -> int:
         flush()
         if all(j.rc is not None for j in todo) or "ops_failed" in have:
             break
-        if ckpt.poll() is not None and build.poll() is not None:
+        warm_over = "warm" in have or (warm is None and not {"ops", "tiny"} <= have)
+        if ckpt.poll() is not None and build.poll() is not None and warm_over:
             # prep is over: a job still waiting now waits for a checkpoint that failed
             waiting = [j for j in todo if j.proc is None]
             running = [j for j in todo if j.proc is not None and j.rc is None]
@@ -218,8 +257,8 @@ def main() -> int:
         elif j.proc is None:
             state["jobs"][j.name]["rc"] = "never started (needs: " + ",".join(
                 sorted(j.needs - have)) + ")"
-    for p in (build, ckpt):
-        if p.poll() is None:
+    for p in (build, ckpt, warm):
+        if p is not None and p.poll() is None:
             p.kill()
     flush()
     pack(out, work)

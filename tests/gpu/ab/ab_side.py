@@ -101,6 +101,53 @@ def summarize_attention(model: Any) -> dict[str, int]:
     return out
 
 
+# Shared prefixes ending just before, on and just after one and two blocks of the tiny
+# model's 528-token attention block (vLLM aligns it to the GDN page), and one in between:
+# the reference met silent corruption with align mode + MTP + prefix caching there.
+PREFIX_LENS = [527, 528, 529, 1055, 1056, 1057, 1300]
+
+
+def prefix_batches(seed: int = 7, vocab_cap: int = 1024) -> list[list[list[int]]]:
+    """Per prefix: one request alone (it fills the cache), then three that share its prefix
+    (one of them the prefix itself) together."""
+    rng = random.Random(seed)
+    out: list[list[list[int]]] = []
+    for n in PREFIX_LENS:
+        pre = [rng.randrange(vocab_cap) for _ in range(n)]
+        tails = [[rng.randrange(vocab_cap) for _ in range(k)] for k in (9, 40, 200)]
+        out.append([pre + tails[0]])
+        out.append([pre + tails[1], pre, pre + tails[2]])
+    return out
+
+
+def _drafter_summary(llm: Any) -> dict[str, Any] | None:
+    """The MTP drafter's linear layers and their methods, read in this process."""
+    try:
+        core = llm.llm_engine.engine_core
+        core = getattr(core, "engine_core", core)
+        worker = core.model_executor.driver_worker
+        worker = getattr(worker, "worker", worker)
+        drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+        model = getattr(drafter, "model", None)
+        if model is None:
+            return {"error": "no drafter model found"}
+        return {"drafter": type(drafter).__name__, **summarize_model(model)}
+    except Exception as exc:  # evidence only: the comparison stands without it
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _spec_metrics(llm: Any) -> dict[str, Any]:
+    """vLLM's spec-decode counters (drafts, draft tokens, accepted tokens)."""
+    out: dict[str, Any] = {}
+    try:
+        for m in llm.get_metrics():
+            if "spec_decode" in m.name:
+                out[m.name] = getattr(m, "value", None) if hasattr(m, "value") else str(m)
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
 def run_phase(llm: Any, sp: Any, batch: list[list[int]]) -> list[dict[str, Any]]:
     from vllm.inputs import TokensPrompt
 
@@ -180,7 +227,14 @@ def main() -> int:
                     help="vLLM's --attention-backend (ours: CUSTOM is the plugin's backend)")
     ap.add_argument("--prefix-caching", action="store_true",
                     help="prefix caching on (mamba_cache_mode align)")
+    ap.add_argument("--spec", choices=["none", "mtp3"], default="none",
+                    help="mtp3: MTP speculative decoding, 3 draft tokens (the drafter gets the "
+                    "target's attention backend)")
+    ap.add_argument("--plugin-config", default="",
+                    help="ours only: SM70_PLUGIN_CONFIG JSON for this engine (e.g. the GDN layer)")
     a = ap.parse_args()
+    if a.side == "ours" and a.plugin_config:  # read by the plugin when vLLM loads it, below
+        os.environ["SM70_PLUGIN_CONFIG"] = a.plugin_config
 
     res: dict[str, Any] = {"side": a.side, "mode": a.mode, "model": a.model, "phases": {},
                            "phase_seconds": {}, "error": None}
@@ -197,10 +251,21 @@ def main() -> int:
 
         kw = engine_kwargs(a.model, a.mode, a.max_batched, a.max_len, a.kv_gib, a.util,
                            a.attention_backend, a.prefix_caching)
+        if a.spec == "mtp3":
+            kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 3,
+                                        "attention_backend": a.attention_backend}
+            kw["disable_log_stats"] = False  # vLLM's spec-decode counters
         if a.side == "ours" and a.attention_backend != "TRITON_ATTN":
             from vllm_patch.attention import backend as sm70_attention
 
             sm70_attention.count_on_device(True)  # graph replays count too
+        gdn_layer = None
+        wants_gdn = a.plugin_config and json.loads(a.plugin_config).get("gdn", {}).get(
+            "decode_layer")
+        if a.side == "ours" and wants_gdn:
+            from vllm_patch.gdn import layer as gdn_layer
+
+            gdn_layer.count_on_device(True)
         if a.side == "ours" and a.arch_path != "native":  # process-wide; the engine is here
             from vllm_patch.ops import kernels
 
@@ -216,6 +281,9 @@ def main() -> int:
         res["capture_sizes"] = list(cfg.compilation_config.cudagraph_capture_sizes or [])
         res["model_summary"] = llm.apply_model(summarize_model)[0]
         res["attention_layers"] = llm.apply_model(summarize_attention)[0]
+        res["block_size"] = cfg.cache_config.block_size
+        if a.spec != "none":
+            res["drafter"] = _drafter_summary(llm)
         res["plugin_imported"] = "vllm_patch.plugin" in sys.modules
         if res["plugin_imported"]:
             from vllm_patch.plugin import registered
@@ -228,7 +296,7 @@ def main() -> int:
                             logprobs=2, detokenize=False)
         ps = prompts()
         plan = {"single": [[p] for p in ps[:4]], "batch4": [ps[4:8]], "batch16": [ps],
-                "p100": [[ps[5]]], "p3000": [[ps[13]]]}
+                "p100": [[ps[5]]], "p3000": [[ps[13]]], "prefix": prefix_batches()}
         for phase in a.phases.split(","):
             t = time.time()
             rows: list[dict[str, Any]] = []
@@ -255,6 +323,12 @@ def main() -> int:
             from vllm_patch.quantization.sm70_gptq import CALLS
 
             res["sm70_op_calls"] = dict(CALLS)
+        if gdn_layer is not None:
+            res["gdn_calls"] = dict(gdn_layer.CALLS)
+            res["gdn_device_calls"] = gdn_layer.device_counts()
+            res["gdn_unsupported"] = dict(gdn_layer.REASONS)
+        if a.spec != "none":
+            res["spec_metrics"] = _spec_metrics(llm)
         if "vllm_patch.attention.backend" in sys.modules:
             from vllm_patch.attention import backend as sm70_attention
 

@@ -629,6 +629,23 @@ def main() -> int:
         return 1
 
 
+def vit_sdpa_python() -> Path:
+    """The serving interpreter for this H200 run: this python, with vLLM's API server told to
+    run the vision tower's attention on TORCH_SDPA. On the H200 vLLM picks FLASH_ATTN for the
+    ViT, whose library in the device bundle is an empty shell (a CUDA "unknown error" in the
+    start-up profile run); on a V100 vLLM picks TORCH_SDPA itself (FLASH_ATTN needs sm_80), so
+    this changes nothing the product would run there. Only the API server's argv gets the flag."""
+    wrapper = WORK / "python-vit-sdpa"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'case " $* " in *" vllm.entrypoints.openai.api_server "*)\n'
+        f'  exec {sys.executable} "$@" --mm-encoder-attn-backend TORCH_SDPA;;\n'
+        "esac\n"
+        f'exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 def body(run: Run) -> int:
     model = Path(os.environ.get("SM70_AB_TINY", "/tmp/ab/tiny")) / "int8"
     run.summary["checkpoint"] = {"dir": str(model), **checkpoint_files(model)}
@@ -639,7 +656,7 @@ def body(run: Run) -> int:
     log_dir = run.out / "serve_logs"
     share = float(os.environ.get("SM70_GPU_SHARE", "0.1"))
     startup_s = int(max(60.0, run.left() - CASE_RESERVE_S))
-    settings = oc.serve_settings(model_dir=str(model), serve_python=sys.executable,
+    settings = oc.serve_settings(model_dir=str(model), serve_python=str(vit_sdpa_python()),
                                  port=PORT, share=share, work=str(WORK), startup_s=startup_s)
     settings["SM70_LOG_DIR"] = str(log_dir)
     env_file = WORK / "serve.env"
