@@ -111,6 +111,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=520)
     ap.add_argument("--only", default="", help="comma-separated job names (default: all)")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="start the vLLM jobs without the warm-up engine (short calls)")
     a = ap.parse_args()
     t0 = time.time()
     deadline = t0 + a.budget_s
@@ -167,7 +169,7 @@ def main() -> int:
             state["jobs"][j.name] = {"rc": None, "error": f"script {j.cmd[1]} does not exist"}
             j.rc = -999
     todo = [j for j in todo if j.rc is None]
-    have: set[str] = set()
+    have: set[str] = {"warm"} if a.no_warm else set()
     last_pack = 0.0
     while time.time() < deadline:
         if "ops" not in have and build.poll() is not None:
@@ -184,7 +186,7 @@ def main() -> int:
                 log(f"checkpoint {shape} ready")
         if ckpt.poll() not in (None, 0):
             state["prep"]["checkpoints_rc"] = ckpt.returncode
-        if warm is None and {"ops", "tiny"} <= have:
+        if warm is None and not a.no_warm and {"ops", "tiny"} <= have:
             # stock vLLM, eager, on the tiny fp16 copy: a short prompt and a chunked long one
             warm = bg([py, str(AB / "ab_side.py"), "--side", "stock", "--mode", "eager",
                        "--model", str(CKPT / "tiny" / "fp16"), "--phases", "single,p3000",

@@ -17,6 +17,7 @@ Phases (each written to the JSON as soon as it finishes, so a killed run keeps i
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -272,7 +273,7 @@ def main() -> int:
             kernels.set_arch_path(a.arch_path)
             res["arch_path"] = kernels.arch_path()
         res["engine_kwargs"] = kw
-        llm = LLM(**kw)
+        llm = LLM(**copy.deepcopy(kw))  # vLLM writes objects into the dicts it gets
         res["startup_s"] = round(time.time() - t0, 1)
         cfg = llm.llm_engine.vllm_config
         res["quantization"] = cfg.model_config.quantization

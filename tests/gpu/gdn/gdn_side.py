@@ -15,6 +15,7 @@ the Python-side route counts, and the class of every GDN layer the model built.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -77,7 +78,7 @@ def main() -> int:
         if a.spec == "ngram":
             kw["speculative_config"] = dict(SPEC_NGRAM)
         res["engine_kwargs"] = kw
-        llm = LLM(**kw)
+        llm = LLM(**copy.deepcopy(kw))  # vLLM writes objects into the dicts it gets
         res["startup_s"] = round(time.time() - t0, 1)
         res["cudagraph_mode"] = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
         res["model_summary"] = llm.apply_model(summarize_model)[0]

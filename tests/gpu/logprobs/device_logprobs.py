@@ -28,6 +28,7 @@ summary.json, the bench JSON and its table under --out.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -183,7 +184,7 @@ def run_side(a: argparse.Namespace) -> int:
 
         kw = engine_kwargs(a.model, "eager", MAX_BATCHED, MAX_LEN, KV_GIB, a.util)
         res["engine_kwargs"] = kw
-        llm = LLM(**kw)
+        llm = LLM(**copy.deepcopy(kw))  # vLLM writes objects into the dicts it gets
         res["startup_s"] = round(time.time() - t0, 1)
         res["startup_memory"] = _mem(torch)  # includes the profile run's peak
         res["plugin_imported"] = "vllm_patch.plugin" in sys.modules

@@ -26,6 +26,7 @@ beside engines.json (every row) and logs.txt.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -286,7 +287,7 @@ def engine_main(name: str, kwargs_path: Path, out: Path, deadline: float) -> int
         kw = json.loads(kwargs_path.read_text())
         res["engine_kwargs"] = kw
         flush()
-        llm = LLM(**kw)
+        llm = LLM(**copy.deepcopy(kw))  # vLLM writes objects into the dicts it gets
         res["startup_s"] = round(time.time() - t0, 1)
         cfg = llm.llm_engine.vllm_config
         spec = getattr(cfg, "speculative_config", None)

@@ -15,6 +15,7 @@ judges them, plus max_tokens, the shared-prefix length and vLLM's num_cached_tok
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -123,7 +124,7 @@ def main() -> int:
         kw = json.loads(a.kwargs.read_text())
         res["engine_kwargs"] = kw
         flush()
-        llm = LLM(**kw)
+        llm = LLM(**copy.deepcopy(kw))  # vLLM writes objects into the dicts it gets
         res["startup_s"] = round(time.time() - t0, 1)
         res["engine"] = engine_facts(llm)
         flush()
