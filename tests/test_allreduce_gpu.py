@@ -68,7 +68,8 @@ gen = torch.Generator().manual_seed(26)
 
 def inputs(n):
     x = (torch.randn(2, n, generator=gen) * 8).half()
-    x[:, :64] = patterns()[torch.randint(0, 65536, (64,), generator=gen)].view(1, 64)
+    k = min(64, n)  # some raw fp16 patterns (inf, nan, subnormals) in every call
+    x[:, :k] = patterns()[torch.randint(0, 65536, (k,), generator=gen)].view(1, k)
     return x[0].to(dev), x[1].to(dev)
 
 def want(mode, x0, x1):
