@@ -28,11 +28,21 @@ def test_triton_kernel_keeps_it_off() -> None:
 
 
 def test_the_config_json_turns_it_on() -> None:
-    c = PluginConfig.from_json('{"gdn": {"decode_layer": true}}')
+    c = PluginConfig.from_json('{"gdn": {"decode_layer": true, "kernel": "sm70"}}')
     assert c.gdn.decode_layer is True and c.gdn.kernel == "sm70"
+
+
+def test_the_setting_turns_it_on() -> None:
+    from sm70ctl.runtime.plugin_config import plugin_config_obj
+    from sm70ctl.settings.loader import load_settings
+
+    on = plugin_config_obj(load_settings({"SM70_GDN_KERNEL": "sm70"}))
+    off = plugin_config_obj(load_settings({}))
+    assert (on.gdn.decode_layer, on.gdn.kernel) == (True, "sm70")
+    assert (off.gdn.decode_layer, off.gdn.kernel) == (False, "triton")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
 def test_on_without_vllm_registers_nothing() -> None:
-    got = plugin._register_gdn_layer(with_gdn(decode_layer=True))
+    got = plugin._register_gdn_layer(with_gdn(decode_layer=True, kernel="sm70"))
     assert got == "absent (vLLM not installed)"

@@ -99,6 +99,26 @@ def _registered_quantization(config: PluginConfig) -> str:
             sys.modules[fake.__name__] = saved
 
 
+def _registered_gdn_layer(config: PluginConfig) -> str:
+    """Whether the plugin installs its GDN layer for this config (vllm_patch.gdn.layer
+    imports vLLM and torch: replaced by a recorder)."""
+    fake = types.ModuleType("vllm_patch.gdn.layer")
+    fake.register = lambda: "sm70 GDN layer registered"
+    real_find_spec = importlib.util.find_spec
+    saved = sys.modules.get(fake.__name__)
+    sys.modules[fake.__name__] = fake
+    importlib.util.find_spec = lambda name, *a: (  # type: ignore[assignment]
+        object() if name == "vllm" else real_find_spec(name, *a))
+    try:
+        return plugin._register_gdn_layer(config)
+    finally:
+        importlib.util.find_spec = real_find_spec  # type: ignore[assignment]
+        if saved is None:
+            sys.modules.pop(fake.__name__, None)
+        else:
+            sys.modules[fake.__name__] = saved
+
+
 # Plugin fields the plugin's code acts on today, and how to see what it did with them.
 PLUGIN_EFFECTS: dict[str, Callable[[PluginConfig], Any]] = {
     "gemm.int8_gemv": _registered_quantization,
@@ -107,6 +127,7 @@ PLUGIN_EFFECTS: dict[str, Callable[[PluginConfig], Any]] = {
     # what sm70_gptq's get_quant_method asks for an fp16 MTP layer (int8 method or vLLM's)
     "spec.draft_head_dtype": lambda config: draft_int8.draft_int8(
         config.spec.draft_head_dtype, "mtp.fc"),
+    "gdn.kernel": lambda config: _registered_gdn_layer(config),
 }
 
 

@@ -64,11 +64,11 @@ class AllreduceConfig:
 
 @dataclass(frozen=True)
 class GdnConfig:
-    kernel: str = "sm70"
+    kernel: str = "triton"
     chunk_size: int = 64
     state_dtype: str = "int16"
-    # Our decode rows inside vLLM's GDN layer (vllm_patch.gdn). Off until its GPU A/B has
-    # passed; no SM70_* setting sets it yet, only a plugin config written by hand (the A/B).
+    # Our decode rows inside vLLM's GDN layer (vllm_patch.gdn): SM70_GDN_KERNEL=sm70 sets it
+    # (sm70ctl/runtime/plugin_config.py); off by default like the setting.
     decode_layer: bool = False
 
 

@@ -76,7 +76,8 @@ def plugin_config_obj(settings: SettingsView, allreduce_mode: str | None = None)
             mode=allreduce_mode or s.allreduce_mode, buffer_bytes=s.allreduce_buffer_bytes
         ),
         gdn=GdnConfig(
-            kernel=s.gdn_kernel, chunk_size=s.gdn_chunk_size, state_dtype=s.gdn_state_dtype
+            kernel=s.gdn_kernel, chunk_size=s.gdn_chunk_size, state_dtype=s.gdn_state_dtype,
+            decode_layer=s.gdn_kernel == "sm70",
         ),
         spec=SpecConfig(
             draft_head_dtype=s.draft_head_dtype,
