@@ -22,6 +22,7 @@ that `dead_consumers` reports it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import sys
@@ -79,44 +80,46 @@ def _plugin_config(settings: Any) -> PluginConfig:
     return PluginConfig.from_env({PLUGIN_CONFIG_ENV: _env(settings)[PLUGIN_CONFIG_ENV]})
 
 
-def _registered_quantization(config: PluginConfig) -> str:
-    """What the plugin registers for this config, with vLLM's side replaced by a recorder
-    (sm70_gptq imports vLLM and torch, which the CPU test environment lacks)."""
-    fake = types.ModuleType("vllm_patch.quantization.sm70_gptq")
-    fake.register = lambda rows, lm_head: f"sm70_gptq rows={rows} lm_head={lm_head}"
+@contextlib.contextmanager
+def _fake_module(name: str, **attrs: Any) -> Iterator[None]:
+    """`name` replaced by a recorder module and vLLM reported installed: the plugin's
+    registration code runs on the CPU, without vLLM or torch."""
+    fake = types.ModuleType(name)
+    for k, v in attrs.items():
+        setattr(fake, k, v)
     real_find_spec = importlib.util.find_spec
-    saved = sys.modules.get(fake.__name__)
-    sys.modules[fake.__name__] = fake
-    importlib.util.find_spec = lambda name, *a: (  # type: ignore[assignment]
-        object() if name == "vllm" else real_find_spec(name, *a))
+    saved = sys.modules.get(name)
+    sys.modules[name] = fake
+    importlib.util.find_spec = lambda mod, *a: (  # type: ignore[assignment]
+        object() if mod == "vllm" else real_find_spec(mod, *a))
     try:
-        return plugin._register_quantization(config)
+        yield
     finally:
         importlib.util.find_spec = real_find_spec  # type: ignore[assignment]
         if saved is None:
-            sys.modules.pop(fake.__name__, None)
+            sys.modules.pop(name, None)
         else:
-            sys.modules[fake.__name__] = saved
+            sys.modules[name] = saved
+
+
+def _registered_quantization(config: PluginConfig) -> str:
+    """What the plugin registers for this config (sm70_gptq imports vLLM and torch)."""
+    with _fake_module("vllm_patch.quantization.sm70_gptq",
+                      register=lambda rows, lm_head: f"sm70_gptq rows={rows} lm_head={lm_head}"):
+        return plugin._register_quantization(config)
 
 
 def _registered_gdn_layer(config: PluginConfig) -> str:
-    """Whether the plugin installs its GDN layer for this config (vllm_patch.gdn.layer
-    imports vLLM and torch: replaced by a recorder)."""
-    fake = types.ModuleType("vllm_patch.gdn.layer")
-    fake.register = lambda: "sm70 GDN layer registered"
-    real_find_spec = importlib.util.find_spec
-    saved = sys.modules.get(fake.__name__)
-    sys.modules[fake.__name__] = fake
-    importlib.util.find_spec = lambda name, *a: (  # type: ignore[assignment]
-        object() if name == "vllm" else real_find_spec(name, *a))
-    try:
+    """Whether the plugin installs its GDN layer for this config."""
+    with _fake_module("vllm_patch.gdn.layer", register=lambda: "sm70 GDN layer registered"):
         return plugin._register_gdn_layer(config)
-    finally:
-        importlib.util.find_spec = real_find_spec  # type: ignore[assignment]
-        if saved is None:
-            sys.modules.pop(fake.__name__, None)
-        else:
-            sys.modules[fake.__name__] = saved
+
+
+def _installed_prompt_logprobs(config: PluginConfig) -> str:
+    """What the plugin installs for prompt logprobs (runtime patch R5)."""
+    with _fake_module("vllm_patch.logprobs.runner_patch",
+                      install_when_imported=lambda rows: f"sliced prompt logprobs, {rows} rows"):
+        return plugin._install_prompt_logprobs(config)
 
 
 # Plugin fields the plugin's code acts on today, and how to see what it did with them.
@@ -128,6 +131,7 @@ PLUGIN_EFFECTS: dict[str, Callable[[PluginConfig], Any]] = {
     "spec.draft_head_dtype": lambda config: draft_int8.draft_int8(
         config.spec.draft_head_dtype, "mtp.fc"),
     "gdn.kernel": lambda config: _registered_gdn_layer(config),
+    "logprobs.prompt_chunk": lambda config: _installed_prompt_logprobs(config),
 }
 
 
