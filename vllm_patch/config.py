@@ -30,7 +30,7 @@ class MemoryConfig:
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    prefill_kernel: str = "cutlass_fmha"
+    prefill_kernel: str = "triton"  # SM70_PREFILL_ATTENTION; cutlass_fmha is opt-in
     decode_tensor_cores: bool = True
     uniform_decode: bool = True
     decode_max_splits: int = 64
