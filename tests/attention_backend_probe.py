@@ -113,7 +113,7 @@ def _impl_and_routing() -> dict[str, Any]:
         query_start_loc = qsl
         query_start_loc_cpu = qsl
 
-    fake_builder = type("B", (), {"reorder_batch_threshold": 4,
+    fake_builder = type("B", (), {"reorder_batch_threshold": 4, "prefill_kernel": "triton",
                                   "_splits": lambda self, ctx, n, q: 7})()
     meta = backend.Sm70PagedMetadataBuilder._with_split(fake_builder, base, Common, 40)
     impl.forward(None, query, query[:, :2], query[:, :2], kv, meta, output)

@@ -11,8 +11,14 @@ buffers and metadata stay vLLM's. What changes:
   run torch.ops.sm70.paged_decode; the split is decided on the CPU in `build`
   (rules.split_rows), the split count from the batch, the SM count and the driver's
   occupancy, so `forward` does no host sync and is capture-safe;
-- the remaining rows (chunked prefill, mixed lengths) run vLLM's own Triton
-  `unified_attention` on the same cache until our FMHA prefill kernel is proven.
+- the remaining rows (chunked prefill, extends, mixed lengths) run vLLM's own Triton
+  `unified_attention` on the same cache (SM70_PREFILL_ATTENTION=triton, the default), or,
+  opt-in (cutlass_fmha), torch.ops.sm70.fmha_prefill: the chunk's own K/V as the fp16
+  tensors `forward` gets, the earlier context from the page through strides, the context
+  lengths made on the device in `build` (no host sync in `forward`). The op's binding takes
+  only 16-byte-multiple cache strides and this page's rows are 260 bytes, so today the
+  builder refuses cutlass_fmha at start-up (rules.check_prefill_kernel); the routing is
+  proven on the CPU only, with the pure-PyTorch reference standing in for the op.
 
 CUDA graphs: UNIFORM_BATCH (the GDN builder's level; ALWAYS buys nothing on this model).
 A captured decode graph keeps the split count of its capture, which `build_for_cudagraph_capture`
@@ -43,7 +49,7 @@ from vllm_patch.attention import layout, rules
 from vllm_patch.ops import kernels
 from vllm_patch.ops.reference import decode_num_splits
 
-CALLS: dict[str, int] = {"kv_write": 0, "decode": 0, "prefill_triton": 0}
+CALLS: dict[str, int] = {"kv_write": 0, "decode": 0, "prefill_triton": 0, "prefill_fmha": 0}
 _device_counts: dict[int, torch.Tensor] = {}
 _count_on_device = False
 _lock = threading.Lock()
@@ -75,6 +81,13 @@ def _bump_device(device: torch.device) -> None:
         t.add_(1)
 
 
+def prefill_kernel() -> str:
+    """SM70_PREFILL_ATTENTION as the plugin config carries it (attention.prefill_kernel)."""
+    from vllm_patch.config import PluginConfig
+
+    return PluginConfig.from_env().attention.prefill_kernel
+
+
 def slot_name() -> str:
     """The registry slot the plugin uses: SM70_PAGED on a patched vLLM, else CUSTOM."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -91,6 +104,8 @@ class Sm70PagedMetadata(TritonAttentionMetadata):
     num_prefills: int = 0
     max_prefill_query_len: int = 0
     prefill_query_start_loc: torch.Tensor | None = None
+    # set only on the FMHA route: each prefill row's tokens already in the cache
+    prefill_ctx_lens: torch.Tensor | None = None
 
 
 class Sm70PagedMetadataBuilder(TritonAttentionMetadataBuilder):
@@ -104,6 +119,10 @@ class Sm70PagedMetadataBuilder(TritonAttentionMetadataBuilder):
         rules.decode_rows_per_seq(getattr(spec, "num_speculative_tokens", None),
                                   bool(getattr(spec, "parallel_drafting", False)))
         rules.check_heads(self.num_heads_q, self.num_heads_kv)
+        self.prefill_kernel = prefill_kernel()
+        rules.check_prefill_kernel(self.prefill_kernel,
+                                   rules.page_strides(kv_cache_spec.block_size,
+                                                       self.num_heads_kv))
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
         self.max_model_len = vllm_config.model_config.max_model_len
         self.sm_count = (torch.cuda.get_device_properties(device).multi_processor_count
@@ -131,8 +150,15 @@ class Sm70PagedMetadataBuilder(TritonAttentionMetadataBuilder):
         if split.num_decodes:
             m.decode_splits = self._splits(max_context, split.num_decodes, split.q_per_seq)
         if split.num_prefills:
-            m.prefill_query_start_loc = (common.query_start_loc[split.num_decodes:]
-                                         - split.num_decode_tokens)
+            qsl = common.query_start_loc[split.num_decodes:] - split.num_decode_tokens
+            m.prefill_query_start_loc = qsl
+            if self.prefill_kernel == rules.PREFILL_FMHA:
+                # on the device, without a sync: a row's context is its length less its chunk
+                rows = qsl.shape[0] - 1
+                q_lens = qsl[1:] - qsl[:-1]
+                seq = base.seq_lens[split.num_decodes:split.num_decodes + rows]
+                m.prefill_query_start_loc = qsl.to(torch.int32).contiguous()
+                m.prefill_ctx_lens = (seq - q_lens).to(torch.int32).contiguous()
         return m
 
     def build(self, common_prefix_len: int, common_attn_metadata: Any,
@@ -212,7 +238,9 @@ class Sm70PagedImpl(TritonAttentionImpl):
             CALLS["decode"] += 1
             if _count_on_device:
                 _bump_device(query.device)
-        if m.num_prefills:
+        if m.num_prefills and m.prefill_ctx_lens is not None:
+            self._prefill_fmha(query, key, value, kv_cache, m, output)
+        elif m.num_prefills:
             key_cache, value_cache = kv_cache.unbind(1)
             end = m.num_actual_tokens
             unified_attention(
@@ -234,6 +262,24 @@ class Sm70PagedImpl(TritonAttentionImpl):
             )
             CALLS["prefill_triton"] += 1
         return output
+
+    def _prefill_fmha(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      kv_cache: torch.Tensor, m: Sm70PagedMetadata,
+                      output: torch.Tensor) -> None:
+        """The prefill rows through torch.ops.sm70.fmha_prefill: the chunk's K/V are this
+        step's fp16 key/value rows (already written to the cache by do_kv_cache_update, but
+        the op reads only the first ctx tokens from there)."""
+        self._views(kv_cache)  # makes the scale views
+        assert m.prefill_query_start_loc is not None and m.prefill_ctx_lens is not None
+        kc, vc, cs, ss = layout.fmha_views(kv_cache, self._k_scale_cache, self._v_scale_cache)
+        nd, end = m.num_decode_tokens, m.num_actual_tokens
+        out = kernels.fmha_prefill(
+            query[nd:end], key[nd:end], value[nd:end], kc, vc, self._k_scale_cache,
+            self._v_scale_cache, cs, ss, m.block_table[m.num_decodes:],
+            m.prefill_query_start_loc, m.prefill_ctx_lens, int(kv_cache.shape[2]),
+            m.max_prefill_query_len, self.scale)
+        output[nd:end].copy_(out)
+        CALLS["prefill_fmha"] += 1
 
 
 class Sm70PagedBackend(TritonAttentionBackend):

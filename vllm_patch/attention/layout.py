@@ -53,6 +53,22 @@ def op_views(kv_cache: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tenso
     return k, v, k_scale.transpose(1, 2), v_scale.transpose(1, 2)
 
 
+def fmha_views(kv_cache: torch.Tensor, k_scale: torch.Tensor, v_scale: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int],
+                          tuple[int, int, int]]:
+    """(k_cache, v_cache, cache_strides, scale_strides) for fmha_prefill: the K and V halves
+    of the page (each counted from its own first byte), their [block, token, head] strides
+    and those of the [num_blocks, block_size, Hkv] scale views (TritonAttentionImpl's)."""
+    check_page(kv_cache)
+    k, v = kv_cache[:, 0], kv_cache[:, 1]
+    if tuple(k_scale.stride()) != tuple(v_scale.stride()):
+        raise ValueError(f"K and V scale strides differ: {k_scale.stride()} "
+                         f"vs {v_scale.stride()}")
+    cs = (int(k.stride(0)), int(k.stride(1)), int(k.stride(2)))
+    ss = (int(k_scale.stride(0)), int(k_scale.stride(1)), int(k_scale.stride(2)))
+    return k, v, cs, ss
+
+
 def new_page(num_blocks: int, block_size: int, num_kv_heads: int,
              device: torch.device | str = "cpu") -> torch.Tensor:
     """A zeroed cache in that layout (tests and benchmarks)."""

@@ -22,6 +22,12 @@ MODEL_DTYPE = "float16"
 GQA_GROUP = 6
 MAX_DECODE_ROWS = 4  # query rows per sequence paged_decode takes (q_per_seq 1..4)
 SPEC_TOKENS_SETTING = "SM70_SPEC_TOKENS"
+SCALE_BYTES = 4  # the fp32 scale at the end of each int8 row of the page
+PREFILL_SETTING = "SM70_PREFILL_ATTENTION"
+PREFILL_TRITON = "triton"  # vLLM's own unified_attention (the default)
+PREFILL_FMHA = "cutlass_fmha"  # torch.ops.sm70.fmha_prefill (opt-in)
+PREFILL_KERNELS = (PREFILL_TRITON, PREFILL_FMHA)
+FMHA_STRIDE_BYTES = 16  # the op loads 16 bytes at a time: cache strides must be multiples
 
 
 class AttentionConfigError(ValueError):
@@ -64,6 +70,39 @@ def decode_rows_per_seq(num_speculative_tokens: int | None, parallel_drafting: b
             f"has {rows} query rows per sequence, the SM70_PAGED decode kernel takes at most "
             f"{MAX_DECODE_ROWS} (use {SPEC_TOKENS_SETTING} <= {MAX_DECODE_ROWS - 1})")
     return rows
+
+
+def page_strides(block_size: int, num_kv_heads: int) -> tuple[int, int, int]:
+    """Bytes between consecutive blocks, tokens and KV heads of K (or V) in TRITON_ATTN's
+    int8_per_token_head page (vllm_patch.attention.layout): the [block, token, head] cache
+    strides torch.ops.sm70.fmha_prefill would take on it."""
+    row = HEAD_SIZE + SCALE_BYTES
+    return 2 * block_size * num_kv_heads * row, num_kv_heads * row, row
+
+
+def fmha_stride_problem(cache_strides: Sequence[int]) -> str | None:
+    """Why torch.ops.sm70.fmha_prefill cannot read a page with these int8 [block, token,
+    head] strides (its binding's rule), or None."""
+    bad = [s for s in cache_strides if s < 0 or s % FMHA_STRIDE_BYTES]
+    if not bad:
+        return None
+    return (f"cache strides {list(cache_strides)} bytes: fmha_prefill takes only multiples "
+            f"of {FMHA_STRIDE_BYTES} (16-byte loads)")
+
+
+def check_prefill_kernel(kernel: str, cache_strides: Sequence[int]) -> None:
+    """Refuse, at start-up, a prefill kernel that is not one of PREFILL_KERNELS, or the FMHA
+    on a page it cannot address (TRITON_ATTN's int8_per_token_head rows are 260 bytes, so
+    its head stride alone breaks the 16-byte rule)."""
+    if kernel not in PREFILL_KERNELS:
+        raise AttentionConfigError(f"{PREFILL_SETTING}={kernel}: not one of "
+                                   f"{', '.join(PREFILL_KERNELS)}")
+    if kernel == PREFILL_FMHA:
+        problem = fmha_stride_problem(cache_strides)
+        if problem is not None:
+            raise AttentionConfigError(
+                f"{PREFILL_SETTING}={kernel} cannot read TRITON_ATTN's {KV_CACHE_DTYPE} page: "
+                f"{problem} (use {PREFILL_SETTING}={PREFILL_TRITON})")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,92 @@
+"""The SM70 backend's opt-in FMHA prefill route (SM70_PREFILL_ATTENTION=cutlass_fmha), on the
+CPU only: the start-up refusals as pure rules, and, through vLLM 0.22.1's CPU tree, the rows
+and arguments the backend hands torch.ops.sm70.fmha_prefill (its pure-PyTorch reference
+standing in, tests/attention_backend_fmha_probe.py) checked against an independent
+attention of the same step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from vllm_cpu_tree import require_tree, run_probe
+
+from vllm_patch.attention import rules
+
+PROBE = Path(__file__).resolve().parent / "attention_backend_fmha_probe.py"
+
+
+# ------------------------------------------------------------------ start-up rules (pure)
+def test_the_page_strides_are_triton_attns_260_byte_rows() -> None:
+    assert rules.page_strides(16, 2) == (2 * 16 * 2 * 260, 2 * 260, 260)
+    assert rules.page_strides(1584, 4) == (2 * 1584 * 4 * 260, 4 * 260, 260)
+
+
+def test_the_fmha_stride_rule() -> None:
+    assert rules.fmha_stride_problem([2 * 16 * 2 * 272, 2 * 272, 272]) is None
+    problem = rules.fmha_stride_problem(rules.page_strides(16, 2))
+    assert problem is not None and "multiples of 16" in problem and "260" in problem
+
+
+def test_triton_prefill_starts_on_the_page() -> None:
+    rules.check_prefill_kernel("triton", rules.page_strides(1584, 4))
+
+
+def test_the_fmha_on_triton_attns_page_is_refused_naming_the_setting() -> None:
+    with pytest.raises(rules.AttentionConfigError) as info:
+        rules.check_prefill_kernel("cutlass_fmha", rules.page_strides(1584, 4))
+    msg = str(info.value)
+    assert msg.startswith("SM70_PREFILL_ATTENTION=cutlass_fmha ")
+    assert "260" in msg and "SM70_PREFILL_ATTENTION=triton" in msg and "\n" not in msg
+
+
+def test_a_page_the_op_can_address_would_start() -> None:
+    rules.check_prefill_kernel("cutlass_fmha", [2 * 16 * 2 * 272, 2 * 272, 272])
+
+
+def test_an_unknown_prefill_kernel_is_refused() -> None:
+    with pytest.raises(rules.AttentionConfigError, match="SM70_PREFILL_ATTENTION=flash: not one"):
+        rules.check_prefill_kernel("flash", rules.page_strides(16, 2))
+
+
+# ------------------------------------------------------------------ vLLM 0.22.1 on the CPU
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    require_tree()
+    out, _log = run_probe(PROBE, {"kernels": ["triton", "cutlass_fmha"]},
+                          tmp_path_factory.mktemp("fmha_probe"))
+    return out
+
+
+def test_the_builder_reads_the_setting_and_refuses_the_fmha_at_start_up(probe: dict) -> None:
+    assert probe["builder"]["triton"] is None
+    refused = probe["builder"]["cutlass_fmha"]
+    assert refused is not None and refused.startswith("SM70_PREFILL_ATTENTION=cutlass_fmha")
+    assert "260" in refused
+
+
+def test_the_prefill_rows_reach_the_fmha_with_their_context(probe: dict) -> None:
+    r = probe["routing"]
+    assert r["route"]["prefill_fmha"] == 1 and r["route"]["prefill_triton"] == 0
+    assert r["route"]["decode"] == 1
+    (call,) = r["calls"]
+    # the extend (5 tokens after 21 cached) and the fresh prefill (3): offsets within the
+    # prefill rows, context = length less chunk, their own block-table rows
+    assert call["rows"] == 8 and call["qsl"] == [0, 5, 8] and call["ctx"] == [21, 0]
+    assert call["bt"] == [[7, 4, 9], [5, 9, 9]]
+    assert call["cs"] == list(rules.page_strides(16, 2)) and call["ss"] == [4160, 130, 65]
+    assert call["block_size"] == 16 and call["max_q"] == 5
+    assert r["ctx_lens"] == [21, 0]
+
+
+def test_the_fmha_rows_equal_an_independent_attention(probe: dict) -> None:
+    r = probe["routing"]
+    assert max(r["errors"]) < 2e-2  # fp16 output of a float64 reference
+    assert r["decode_rows"] == [1.0] * 4  # the decode rows stay the decode kernel's
+    assert r["padding_rows"] == [0.0] * 3
+
+
+def test_a_wrong_context_length_is_caught(probe: dict) -> None:
+    # every sequence one token longer than its chunk and cache agree on: the check must see it
+    assert min(probe["shifted"]["errors"]) > 5e-2
