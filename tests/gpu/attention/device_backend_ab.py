@@ -3,6 +3,8 @@
 1. pytest tests/gpu/test_attention_gpu.py: the KV write and paged decode against their
    references on the packed cache and on TRITON_ATTN's page, both arch paths; then
    layout_cost.py: the decode's time on the two layouts (what 260-byte rows cost);
+   with --decode-bench also bench/bench_attention_decode.py (our decode against vLLM's
+   Triton decode on the same int8 page, 4K-262K tokens; recorded, not in the verdict);
 2. an A/B on the tiny checkpoint (tests/gpu/ab machinery): stock vLLM 0.22.1 (TRITON_ATTN)
    against ours (the plugin, `--attention-backend CUSTOM`), both on the same fp16 weights so
    the attention backend is the only difference (the fp16 checkpoint has no GPTQ layer, so
@@ -111,6 +113,8 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, required=True)
     ap.add_argument("--skip-pytest", action="store_true")
     ap.add_argument("--skip-ab", action="store_true")
+    ap.add_argument("--decode-bench", action="store_true",
+                    help="also run bench/bench_attention_decode.py (ours vs Triton decode)")
     a = ap.parse_args()
     t0 = time.time()
     deadline = t0 + a.budget_s - 25  # leave time to compare and write
@@ -192,6 +196,25 @@ def main() -> int:
                                       "rows": cost.get("rows")}
         except Exception as exc:
             summary["layout_cost"] = {"error": f"{type(exc).__name__}: {exc}"}
+        flush()
+
+    # 1c. optional: our decode against vLLM's Triton decode on the same int8 page (not
+    # part of the verdict; beside the engines, so its times are for the ratio only)
+    if a.decode_bench and time.time() < deadline - 90:
+        try:
+            bench = ROOT / "bench" / "bench_attention_decode.py"
+            r = subprocess.run([sys.executable, str(bench), "--out",
+                                str(out / "attention_decode.json")],
+                               cwd=ROOT, env=dict(os.environ), capture_output=True, text=True,
+                               timeout=max(30, min(400, deadline - time.time() - 60)),
+                               check=False)
+            res = json.loads((out / "attention_decode.json").read_text())
+            summary["attention_decode_bench"] = {
+                "rc": r.returncode, "errors": res.get("errors"), "rows": len(res["rows"]),
+                "ours_faster_everywhere": res.get("ours_faster_everywhere"),
+                "worst": res.get("worst")}
+        except Exception as exc:
+            summary["attention_decode_bench"] = {"error": f"{type(exc).__name__}: {exc}"}
         flush()
 
     # 2. the A/B: wait for the sides, then compare
