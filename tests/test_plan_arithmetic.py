@@ -42,7 +42,7 @@ def test_kv_int8_per_token_head_is_16_kib_plus_fp32_scales():
     assert kv_bytes_per_token_layer(2, 256, "auto") == 2 * 2 * 256 * 2
 
 
-def test_gdn_page_matches_facts_1596_and_828_kib():
+def test_gdn_page_1596_kib_fp32_and_840_kib_int16_with_row_scales():
     # recurrent state: 48 value heads / 2 = 24 heads x 128 x 128
     # conv state: (2 x 2048 + 6144) / 2 = 5120 channels x (kernel 4 - 1 + 3 MTP tokens) x fp16
     conv = 5120 * (4 - 1 + 3) * 2
@@ -50,9 +50,11 @@ def test_gdn_page_matches_facts_1596_and_828_kib():
     fp32 = gdn_page(24, 128, 128, 5120, 4, 3, "float32")
     int16 = gdn_page(24, 128, 128, 5120, 4, 3, "int16")
     assert fp32.recurrent == 24 * 128 * 128 * 4 == 1536 * KIB
-    assert int16.recurrent == 24 * 128 * 128 * 2 == 768 * KIB
+    # int16 codes plus a float32 scale per value row (the plugin's int16 pool): FACTS' 828 KiB
+    # is the reference's page without row scales; ours has 12 KiB of them
+    assert int16.recurrent == 24 * 128 * 128 * 2 + 24 * 128 * 4 == 780 * KIB
     assert fp32.total == 1596 * KIB
-    assert int16.total == 828 * KIB
+    assert int16.total == 840 * KIB
     # without speculative decoding the conv state is the issue's 30 KiB
     assert gdn_page(24, 128, 128, 5120, 4, 0, "int16").conv == 5120 * 3 * 2 == 30 * KIB
 
@@ -93,20 +95,20 @@ def test_int8_lm_head_saves_about_620_mb(model):
 def test_reference_pool_holds_262144_tokens(model):
     p = _plan(model)
     g = p.gpus[0]
-    # state slots: 16 seqs x multiplier 8; 48 GDN layers x 828 KiB each
-    state = 16 * 8 * 48 * 828 * KIB
-    assert _item(p, "pool.state") == state == 5_209_325_568
+    # state slots: 16 seqs x multiplier 8; 48 GDN layers x 840 KiB each
+    state = 16 * 8 * 48 * 840 * KIB
+    assert _item(p, "pool.state") == state == 5_284_823_040
     kv_region = 10_630_627_328 - state
     assert _item(p, "pool.kv") == kv_region
     # 16 attention layers + the MTP layer, 1040 B each; blocks of 16 tokens
     block = 16 * 17 * 1040
-    assert g.layout.kv_blocks == kv_region // block == 19_164
-    assert p.longest_sequence == 19_164 * 16 == 306_624
+    assert g.layout.kv_blocks == kv_region // block == 18_897
+    assert p.longest_sequence == 18_897 * 16 == 302_352
     assert p.fits and p.longest_sequence >= 262_144
     assert g.budget == int(V100 * 0.96) == 32_726_140_846
     # concurrency at 32K: 2048 blocks each, limited by KV (9), not by state slots (16)
     c = p.concurrency(32_768)
-    assert c["by_kv"] == 19_164 // 2048 == 9 and c["sequences"] == 9 and c["by_state"] == 16
+    assert c["by_kv"] == 18_897 // 2048 == 9 and c["sequences"] == 9 and c["by_state"] == 16
 
 
 def test_overflow_names_kv_pool_and_shortfall(model):
@@ -115,8 +117,8 @@ def test_overflow_names_kv_pool_and_shortfall(model):
     ov = p.overflow
     assert ov.item == "KV cache pool"
     need = (1_048_576 // 16) * 16 * 17 * 1040
-    assert ov.by_bytes == need - (10_630_627_328 - 5_209_325_568) == 13_117_521_920
-    assert "1,048,576" in ov.message and "13,117,521,920" in ov.message
+    assert ov.by_bytes == need - (10_630_627_328 - 5_284_823_040) == 13_193_019_392
+    assert "1,048,576" in ov.message and "13,193,019,392" in ov.message
 
 
 def test_clef_correction_by_hand(model):
@@ -191,10 +193,11 @@ def test_pipeline_parallel_splits_layers(model):
 def test_unified_pool_grows_attention_block(model):
     p = _plan(model, split_pools=False)
     lay = p.gpus[0].layout
-    # smallest multiple of 16 tokens whose 1040 B/token page holds an 847,872 B GDN page
-    assert lay.block_size == 816 and 815 * 1040 < 847_872 <= 816 * 1040
-    assert lay.page_bytes == 816 * 1040
+    # smallest multiple of 16 tokens whose 1040 B/token page holds an 860,160 B GDN page
+    # (int16 codes, their row scales and the conv state)
+    assert lay.block_size == 832 and 816 * 1040 < 860_160 <= 832 * 1040
+    assert lay.page_bytes == 832 * 1040
     # groups of 17 layers: 1 attention group, ceil(48 / 17) = 3 GDN groups
-    pages = 10_630_627_328 // (816 * 1040 * 17)
+    pages = 10_630_627_328 // (832 * 1040 * 17)
     assert lay.kv_blocks == pages - 16 * 8 * 3
-    assert p.longest_sequence == (pages - 384) * 816
+    assert p.longest_sequence == (pages - 384) * 832

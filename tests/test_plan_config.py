@@ -169,9 +169,11 @@ def test_tiny_model_by_hand():
     assert _item(p, "weights.mlp") == 4 * 3 * 256 * 512 * 2
     # fp16 KV: 1 attention layer x K,V x 2 heads x 64 x 2 B
     assert p.gpus[0].layout.kv_bytes_per_token == 2 * 2 * 64 * 2
-    # GDN page: 4 heads x 32 x 32 int16 + conv 3 x (2*64 + 128) fp16; 3 layers per slot
-    assert p.gdn_page.total == 4 * 32 * 32 * 2 + 3 * 256 * 2
-    assert p.gpus[0].layout.state_bytes_per_slot == 3 * (4 * 32 * 32 * 2 + 3 * 256 * 2)
+    # GDN page: 4 heads x 32 x 32 int16 + 4 x 32 fp32 row scales + conv 3 x (2*64 + 128)
+    # fp16; 3 layers per slot
+    page = 4 * 32 * 32 * 2 + 4 * 32 * 4 + 3 * 256 * 2
+    assert p.gdn_page.total == page
+    assert p.gpus[0].layout.state_bytes_per_slot == 3 * page
     # auto pool: everything the budget leaves
     g = p.gpus[0]
     assert g.layout.pool_bytes == int((1 << 30) * 0.96) - g.fixed_bytes

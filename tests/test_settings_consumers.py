@@ -111,7 +111,8 @@ def _registered_quantization(config: PluginConfig) -> str:
 
 def _registered_gdn_layer(config: PluginConfig) -> str:
     """Whether the plugin installs its GDN layer for this config."""
-    with _fake_module("vllm_patch.gdn.layer", register=lambda: "sm70 GDN layer registered"):
+    with _fake_module("vllm_patch.gdn.layer", register=lambda int16_state=False: (
+            f"sm70 GDN layer registered, int16 state {int16_state}")):
         return plugin._register_gdn_layer(config)
 
 
@@ -131,6 +132,7 @@ PLUGIN_EFFECTS: dict[str, Callable[[PluginConfig], Any]] = {
     "spec.draft_head_dtype": lambda config: draft_int8.draft_int8(
         config.spec.draft_head_dtype, "mtp.fc"),
     "gdn.kernel": lambda config: _registered_gdn_layer(config),
+    "gdn.state_dtype": lambda config: _registered_gdn_layer(config),
     "logprobs.prompt_chunk": lambda config: _installed_prompt_logprobs(config),
 }
 

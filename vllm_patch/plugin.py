@@ -19,7 +19,9 @@ vLLM's hooks reach:
   SM70_ATTENTION_BACKEND=SM70_PAGED (`attention_backend_defined`, which reads the source
   without importing vLLM);
 - the GDN layer's decode rows on our ops (vllm_patch.gdn, a `register_oot` subclass of
-  vLLM's layer), only when `gdn.decode_layer` is on (off by default).
+  vLLM's layer), only when `gdn.decode_layer` is on (off by default); with
+  `gdn.state_dtype` int16 as well (opt-in), the int16-pool layer and a model subclass under
+  the same architecture name (vllm_patch/gdn/int16_model.py).
 
 What hooks cannot reach (the archs vLLM's own kernels are compiled for) is in the patch
 series, applied at build time. Nothing here imports vLLM at import time.
@@ -146,9 +148,11 @@ def _register_gdn_layer(config: Any) -> str:
         return f"off (gdn.kernel is {config.gdn.kernel})"
     if importlib.util.find_spec("vllm") is None:
         return "absent (vLLM not installed)"
-    from vllm_patch.gdn import layer
+    from vllm_patch.gdn import int16_pool, layer
 
-    return layer.register()
+    # int16 (opt-in, CPU-proven only) also registers the model subclass: layer.register
+    int16 = int16_pool.wanted(config.gdn.decode_layer, config.gdn.kernel, config.gdn.state_dtype)
+    return layer.register(int16_state=int16)
 
 
 def _register_quantization(config: Any) -> str:

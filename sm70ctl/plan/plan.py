@@ -63,6 +63,7 @@ class PlanInputs:
     block_size: int = 0
     state_block_multiplier: int = 8
     gdn_state_dtype: str = "int16"
+    gdn_kernel: str = "triton"  # sm70 with gdn_state_dtype int16: the plugin's int16 pool
     split_pools: bool = True
     allocator_reserve: int = 256 * MiB
     cuda_context_reserve: int = 512 * MiB
@@ -103,7 +104,8 @@ class PlanInputs:
                 values[name] = getattr(settings, name)
         if "cudagraph_sizes" in values:
             values["cudagraph_sizes"] = _int_tuple(values["cudagraph_sizes"])
-        for key in ("kv_cache_dtype", "gdn_state_dtype", "draft_head_dtype", "spec_method",
+        for key in ("kv_cache_dtype", "gdn_state_dtype", "gdn_kernel", "draft_head_dtype",
+                    "spec_method",
                     "quantization", "mamba_cache_mode"):
             if key in values:
                 values[key] = str(getattr(values[key], "value", values[key])).lower()
@@ -273,7 +275,8 @@ def compute_plan(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu],
         )
     check_parallel(model, tp, pp)
     warnings: list[str] = list(model.warnings) + _quantization_warnings(model, inputs)
-    state_dtype = served_state_dtype(model) if inputs.path == SERVED else inputs.gdn_state_dtype
+    state_dtype = (served_state_dtype(model, inputs) if inputs.path == SERVED
+                   else inputs.gdn_state_dtype)
     if model.linear_layers:
         warnings += path_warnings(inputs, state_dtype)
     spec = inputs.speculative
@@ -348,9 +351,13 @@ def _quantization_warnings(model: ModelShape, inputs: PlanInputs) -> list[str]:
     return []
 
 
-def served_state_dtype(model: ModelShape) -> str:
-    """The GDN recurrent state dtype vLLM 0.22.1 allocates: the model config's
-    mamba_ssm_dtype (Qwen3.5's `float32`), else the model dtype (float16 on Volta)."""
+def served_state_dtype(model: ModelShape, inputs: PlanInputs | None = None) -> str:
+    """The GDN recurrent state dtype vLLM 0.22.1 allocates: int16 when the plugin's int16
+    pool is on (SM70_GDN_KERNEL=sm70 and SM70_GDN_STATE_DTYPE=int16: vllm_patch/gdn/
+    int16_pool.py), else the model config's mamba_ssm_dtype (Qwen3.5's `float32`), else the
+    model dtype (float16 on Volta)."""
+    if inputs is not None and inputs.gdn_kernel == "sm70" and inputs.gdn_state_dtype == "int16":
+        return "int16"
     return model.mamba_ssm_dtype or "float16"
 
 
@@ -364,7 +371,9 @@ def path_warnings(inputs: PlanInputs, state_dtype: str) -> list[str]:
                 "today (the default path `served` says what it does)"]
     unserved = []
     if inputs.gdn_state_dtype != state_dtype:
-        unserved.append(f"SM70_GDN_STATE_DTYPE={inputs.gdn_state_dtype}")
+        # int16 is served only by the plugin's GDN layer (SM70_GDN_KERNEL=sm70)
+        unserved.append(f"SM70_GDN_STATE_DTYPE={inputs.gdn_state_dtype} with "
+                        f"SM70_GDN_KERNEL={inputs.gdn_kernel}")
     if inputs.split_pools:
         unserved.append("SM70_SPLIT_POOLS=true")
     out = []

@@ -7,7 +7,9 @@ keeps one fp32 scale per token and head for K and one for V, so at TP=2 with 4 K
 
 GDN state, per linear-attention layer, per sequence slot, per GPU (vLLM's
 `gated_delta_net_state_shape`):
-- recurrent: (value heads / TP) x key_head_dim x value_head_dim in the state dtype;
+- recurrent: (value heads / TP) x key_head_dim x value_head_dim in the state dtype, and for
+  int16 a float32 scale per value row: (value heads / TP) x value_head_dim x 4 B (the
+  plugin's int16 pool, vllm_patch/gdn/int16_pool.py: 12 KiB per layer at TP=2);
 - conv: (conv kernel - 1 + speculative tokens) x conv_dim / TP in fp16, where
   conv_dim = 2 x key_dim + value_dim (q, k and v all go through the causal conv). vLLM keeps
   one extra column per speculative token so a rejected draft can roll the conv back.
@@ -22,6 +24,8 @@ Two paths (`SERVED`, `TARGET`):
   page x group size; blocks = pool // page // group size. Nothing is reserved up front:
   a request draws its attention blocks and, per GDN group, the state pages its mamba cache
   mode keeps (align: 2 + k, none: 1 + k) from the same blocks.
+  With SM70_GDN_KERNEL=sm70 and SM70_GDN_STATE_DTYPE=int16 (opt-in) the plugin makes vLLM
+  allocate the int16 state with its row scales, and the served path plans that page.
 - target: what our plugin is designed to do (issues 22 and 23, not served yet):
   split pools (SM70_SPLIT_POOLS) reserve max_num_seqs x state_block_multiplier slots up
   front and hold KV blocks of `block_size` tokens (auto: 16) in the rest; unified (split
@@ -49,6 +53,7 @@ KV_DTYPES: dict[str, tuple[float, int]] = {
     "int4_per_token_head": (0.5, 2),
 }
 STATE_DTYPES = {"fp32": 4, "float32": 4, "int16": 2, "fp16": 2, "float16": 2, "bfloat16": 2}
+INT16_ROW_SCALE_BYTES = 4  # float32 per row of an int16 recurrent state
 CONV_STATE_BYTES = 2  # the conv state stays in the model dtype (fp16 on V100)
 AUTO_BLOCK = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
 SERVED, TARGET = "served", "target"
@@ -88,8 +93,11 @@ def gdn_page(value_heads_gpu: int, dk: int, dv: int, conv_dim_gpu: int, kernel: 
             f"SM70_GDN_STATE_DTYPE={state_dtype!r} is not planned",
             hint=f"allowed: {', '.join(STATE_DTYPES)}",
         )
+    # int16 codes carry one float32 scale per stored row h[v, :] (vllm_patch/gdn/int16_pool.py:
+    # a third state tensor of the page), counted with the recurrent state
+    scales = value_heads_gpu * dv * INT16_ROW_SCALE_BYTES if state_dtype == "int16" else 0
     return GdnPage(
-        recurrent=value_heads_gpu * dk * dv * STATE_DTYPES[state_dtype],
+        recurrent=value_heads_gpu * dk * dv * STATE_DTYPES[state_dtype] + scales,
         conv=(kernel - 1 + spec_tokens) * conv_dim_gpu * CONV_STATE_BYTES,
     )
 

@@ -14,6 +14,12 @@ conv state [slots, 3 + k, conv_dim] fp16 (SD layout), kv_cache[1] the recurrent 
 [slots, HV, 128 (v), 128 (k)] float32; both are strided views into the hybrid pages (slot
 stride = page size), which the ops take as given.
 
+`Sm70GatedDeltaNetInt16` (opt-in, proven on the CPU only: int16_pool.py) declares a third
+state tensor, so vLLM's pool holds kv_cache[1] as int16 codes and kv_cache[2] as their
+float32 row scales [slots, HV, 128]; decode steps hand the scales to our op, steps with a
+prefill run vLLM's FLA path on a float32 copy of their slots (int16_scratch.py), and a layer
+our ops cannot run is an error (vLLM's kernels cannot read int16).
+
 CALLS counts each route per Python call (a captured CUDA graph counts once, at capture);
 with `count_on_device(True)` our path also bumps a device counter inside the step, so graph
 replays are counted too (the A/B reads it to prove our op ran: a silent fallback reads 0).
@@ -32,7 +38,7 @@ from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
 )
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
-from vllm_patch.gdn import routing
+from vllm_patch.gdn import int16_pool, int16_scratch, routing
 from vllm_patch.ops import kernels
 from vllm_patch.ops.loader import load_ops
 
@@ -93,6 +99,7 @@ class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
 
     def sm70_layer_shape(self, mixed_qkv: torch.Tensor) -> routing.LayerShape:
         conv_state, ssm_state = self.kv_cache[0], self.kv_cache[1]
+        scale = self.kv_cache[2] if len(self.kv_cache) > 2 else None
         return routing.LayerShape(
             activation_dtype=_dtype_name(mixed_qkv.dtype),
             ssm_state_dtype=_dtype_name(ssm_state.dtype),
@@ -107,6 +114,7 @@ class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
             activation=self.activation,
             conv_state_dim_first=is_conv_state_dim_first(),
             num_spec=self.num_spec,
+            ssm_scale_dtype=None if scale is None else _dtype_name(scale.dtype),
         )
 
     def _sm70_unsupported(self, mixed_qkv: torch.Tensor) -> str | None:
@@ -135,6 +143,7 @@ class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
         args = routing.decode_args(meta, kind)
         t = args.num_tokens
         conv_state, ssm_state = self.kv_cache[0], self.kv_cache[1]
+        state_scale = self.kv_cache[2] if len(self.kv_cache) > 2 else None
         weight = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
         qkv = kernels.gdn_conv1d_update(
             mixed_qkv[:t], conv_state, weight, self.conv1d.bias, args.query_start_loc,
@@ -142,28 +151,90 @@ class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
         out = kernels.gdn_recurrent_decode(
             qkv, a[:t], b[:t], self.A_log, self.dt_bias, ssm_state, args.query_start_loc,
             args.state_indices, args.num_accepted, self.num_k_heads // self.tp_size,
-            self.head_k_dim**-0.5)
+            self.head_k_dim**-0.5, state_scale)
         core_attn_out[:t] = out
         if _count_on_device:
             _bump_device(kind, core_attn_out.device)
         return None
 
 
+class Sm70GatedDeltaNetInt16(Sm70GatedDeltaNet):
+    """Sm70GatedDeltaNet on an int16 pool: codes plus float32 row scales (int16_pool.py)."""
+
+    def get_state_dtype(self) -> tuple[torch.dtype, ...]:
+        conv, temporal = super().get_state_dtype()
+        problem = int16_pool.base_dtype_problem(_dtype_name(temporal))
+        if problem is not None:
+            raise ValueError(problem)
+        return conv, torch.int16, torch.float32
+
+    def get_state_shape(self) -> tuple[tuple[int, ...], ...]:
+        conv, temporal = super().get_state_shape()
+        return int16_pool.state_shapes(conv, temporal)
+
+    def _forward_core(
+        self,
+        mixed_qkv: torch.Tensor,
+        b: torch.Tensor,
+        a: torch.Tensor,
+        core_attn_out: torch.Tensor,
+    ) -> None:
+        raw = get_forward_context().attn_metadata
+        if raw is None:  # warm-up / profile run: vLLM's path touches no state
+            return Sm70GatedDeltaNet._forward_core(self, mixed_qkv, b, a, core_attn_out)
+        meta = raw[self.prefix]
+        unsupported = self._sm70_unsupported(mixed_qkv)
+        if unsupported is not None:
+            raise RuntimeError(int16_pool.layer_refusal(unsupported))
+        kind = routing.route(meta)
+        if kind in _DEVICE_SLOTS:
+            return Sm70GatedDeltaNet._forward_core(self, mixed_qkv, b, a, core_attn_out)
+        if kind == routing.STOCK_MIXED:
+            raise RuntimeError(int16_pool.layer_refusal(
+                "a step mixes plain decodes and MTP rows (vLLM's builder never makes one)"))
+        with _lock:
+            CALLS[kind] = CALLS.get(kind, 0) + 1
+        if kind == routing.STOCK_EMPTY:
+            return None  # no rows: no state to read or write
+        pool = self.kv_cache
+
+        def stock(conv: torch.Tensor, state: torch.Tensor, meta_s: Any) -> None:
+            # vLLM's _forward_core reads its pool and metadata from these two places
+            self.kv_cache, raw[self.prefix] = [conv, state], meta_s
+            try:
+                QwenGatedDeltaNetAttention._forward_core(self, mixed_qkv, b, a, core_attn_out)
+            finally:
+                self.kv_cache, raw[self.prefix] = pool, meta
+
+        int16_scratch.run_on_scratch(pool[0], pool[1], pool[2], meta, stock)
+        return None
+
+
 _registered: list[str] = []
 
 
-def register() -> str:
-    """Install Sm70GatedDeltaNet in place of vLLM's class (once per process)."""
+def register(int16_state: bool = False) -> str:
+    """Install Sm70GatedDeltaNet in place of vLLM's class (once per process); for the int16
+    pool, Sm70GatedDeltaNetInt16 and int16_model's class under the architecture's name."""
+    cls = Sm70GatedDeltaNetInt16 if int16_state else Sm70GatedDeltaNet
     with _lock:
         if _registered:
             return _registered[0]
         name = QwenGatedDeltaNetAttention.__name__
         current = op_registry_oot.get(name)
-        if current is not None and current is not Sm70GatedDeltaNet:
+        if current is not None and current is not cls:
             msg = f"absent (another out-of-tree {name} is registered: {current.__name__})"
         else:
             if current is None:
-                QwenGatedDeltaNetAttention.register_oot(Sm70GatedDeltaNet)
-            msg = f"{name} -> {Sm70GatedDeltaNet.__module__}.{Sm70GatedDeltaNet.__name__}"
+                QwenGatedDeltaNetAttention.register_oot(cls)
+            msg = f"{name} -> {cls.__module__}.{cls.__name__}"
+            if int16_state:
+                # the model class sizes the page before any layer exists: both must agree
+                from vllm import ModelRegistry
+
+                from vllm_patch.gdn.int16_model import ARCHITECTURE, CLASS_PATH
+
+                ModelRegistry.register_model(ARCHITECTURE, CLASS_PATH)
+                msg += f"; int16 state: {ARCHITECTURE} -> {CLASS_PATH}"
         _registered.append(msg)
         return msg

@@ -51,6 +51,7 @@ class LayerShape:
     activation: str | None
     conv_state_dim_first: bool
     num_spec: int
+    ssm_scale_dtype: str | None = None  # the int16 pool's row scales (None: no scales)
 
 
 def unsupported_reason(s: LayerShape) -> str | None:
@@ -61,8 +62,13 @@ def unsupported_reason(s: LayerShape) -> str | None:
         return f"activations are {s.activation_dtype}; our ops take float16"
     if s.conv_state_dtype != "float16":
         return f"conv state is {s.conv_state_dtype}; our conv takes float16"
-    if s.ssm_state_dtype != "float32":
-        return f"recurrent state is {s.ssm_state_dtype}; inside vLLM we run float32 only"
+    if s.ssm_state_dtype == "int16":
+        if s.ssm_scale_dtype != "float32":
+            return (f"int16 recurrent state with scales {s.ssm_scale_dtype}; our op takes "
+                    "float32 row scales")
+    elif s.ssm_state_dtype != "float32":
+        return (f"recurrent state is {s.ssm_state_dtype}; our op takes float32 or int16 "
+                "with float32 row scales")
     if s.a_log_dtype != "float32":
         return f"A_log is {s.a_log_dtype}; our op takes float32"
     if s.dt_bias_dtype not in ("float32", "float16"):
