@@ -7,7 +7,9 @@ rows arrive reordered by vLLM (decode -> short extend -> long extend -> prefill,
 builder sets `reorder_batch_threshold`): the leading requests that all have the same query
 length q <= MAX_DECODE_ROWS (1 + k MTP verification rows count as decodes) go to
 `torch.ops.sm70.paged_decode`, the rest (chunked prefill, mixed lengths, a draft cut short
-near max_model_len) to vLLM's own Triton `unified_attention` on the same cache.
+near max_model_len) to vLLM's own Triton `unified_attention` on the same cache, or, opt-in
+(SM70_PREFILL_ATTENTION=cutlass_fmha), to torch.ops.sm70.fmha_prefill where its stride rule
+allows (check_prefill_kernel).
 """
 
 from __future__ import annotations
