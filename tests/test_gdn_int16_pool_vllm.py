@@ -60,7 +60,8 @@ def test_vllm_allocates_int16_codes_and_row_scales(probe: dict[str, Any], name: 
     assert v["gdn_layer_class"] == "Sm70GatedDeltaNetInt16"
     assert v["gdn_dtypes"] == ["float16", "int16", "float32"]
     conv, codes, scales = v["gdn_shapes"]
-    assert conv == [6, 5120]  # SD layout: 3 + 3 MTP rows x conv_dim / TP
+    # SD layout: kernel - 1 rows (+ 1 per MTP token) x conv_dim / TP
+    assert conv == [3 + (0 if "no-spec" in name else 3), 5120]
     assert codes == [24, 128, 128] and scales == [24, 128]
 
 
