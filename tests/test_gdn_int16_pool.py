@@ -34,12 +34,14 @@ def test_on_only_with_the_layer_and_int16() -> None:
 
 def test_defaults_keep_the_float32_pool() -> None:
     """Default settings: the plugin's GDN layer is off, so vLLM's float32 pool as today; a
-    hand-written plugin config turning the layer on keeps float32 unless it says int16."""
+    hand-written plugin config turning the layer on keeps float32 when it says so (the
+    plugin's defaults equal the settings', whose state default is int16)."""
     c = plugin_config_obj(load_settings(environ={}))
     assert not int16_pool.wanted(c.gdn.decode_layer, c.gdn.kernel, c.gdn.state_dtype)
     from vllm_patch.config import PluginConfig
 
-    c = PluginConfig.from_dict({"gdn": {"decode_layer": True, "kernel": "sm70"}})
+    c = PluginConfig.from_dict({"gdn": {"decode_layer": True, "kernel": "sm70",
+                                        "state_dtype": "float32"}})
     assert not int16_pool.wanted(c.gdn.decode_layer, c.gdn.kernel, c.gdn.state_dtype)
 
 
@@ -108,5 +110,5 @@ def test_plugin_asks_the_layer_for_int16(monkeypatch: pytest.MonkeyPatch) -> Non
         return plugin._register_gdn_layer(PluginConfig.from_dict({"gdn": gdn}))
 
     assert registered(decode_layer=True, kernel="sm70", state_dtype="int16") == "int16=True"
-    assert registered(decode_layer=True, kernel="sm70") == "int16=False"
+    assert registered(decode_layer=True, kernel="sm70", state_dtype="float32") == "int16=False"
     assert registered(decode_layer=False, state_dtype="int16").startswith("off")

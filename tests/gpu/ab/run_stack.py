@@ -41,7 +41,8 @@ from run_ab import side_env  # noqa: E402
 
 MAX_DLOGPROB = 0.1
 OURS_BACKEND = "vllm_patch.attention.backend.Sm70PagedBackend"
-GDN_ON = json.dumps({"gdn": {"decode_layer": True, "kernel": "sm70"}})
+# float32: the pool vLLM allocates itself (the int16 pool is CPU-proven only)
+GDN_ON = json.dumps({"gdn": {"decode_layer": True, "kernel": "sm70", "state_dtype": "float32"}})
 COMMON = ["--mode", "graphs", "--phases", "single,batch16,prefix", "--max-batched", "2048",
           "--kv-gib", "1"]
 SIDES: dict[str, list[str]] = {

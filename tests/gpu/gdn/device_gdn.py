@@ -50,7 +50,7 @@ def log(msg: str) -> None:
 def plugin_config() -> str:
     """Our GDN decode layer on; our int8 GEMV off (the checkpoint is fp16 anyway), so the
     only difference between the sides is the GDN layer."""
-    return json.dumps({"gdn": {"decode_layer": True, "kernel": "sm70"},
+    return json.dumps({"gdn": {"decode_layer": True, "kernel": "sm70", "state_dtype": "float32"},
                        "gemm": {"int8_gemv": False}})
 
 
