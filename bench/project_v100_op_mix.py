@@ -26,19 +26,35 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Shape:
-    hidden: int = 5120
-    mlp: int = 17408
-    full_layers: int = 16
-    gdn_layers: int = 48
-    q_heads: int = 24
-    kv_heads: int = 4
-    head_dim: int = 256
-    k_heads: int = 16
-    v_heads: int = 48
-    gdn_dim: int = 128
-    conv_kernel: int = 4
-    vocab: int = 248320
-    gdn_chunk: int = 64
+    """The model widths the counts need (`reference_shape()` reads them from the built-in
+    config, the one `sm70ctl plan` uses)."""
+
+    hidden: int
+    mlp: int
+    full_layers: int
+    gdn_layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    k_heads: int
+    v_heads: int
+    gdn_dim: int
+    conv_kernel: int
+    vocab: int
+    gdn_chunk: int = 64  # SM70_GDN_CHUNK_SIZE's default
+
+
+def reference_shape() -> Shape:
+    from sm70ctl.plan.model_config import builtin_config_path, load_config
+
+    m = load_config(builtin_config_path())
+    assert m.linear_key_head_dim == m.linear_value_head_dim  # the counts take one GDN width
+    return Shape(hidden=m.hidden_size, mlp=m.intermediate_size, full_layers=len(m.full_layers),
+                 gdn_layers=len(m.linear_layers), q_heads=m.num_attention_heads,
+                 kv_heads=m.num_key_value_heads, head_dim=m.head_dim,
+                 k_heads=m.linear_num_key_heads, v_heads=m.linear_num_value_heads,
+                 gdn_dim=m.linear_key_head_dim, conv_kernel=m.linear_conv_kernel_dim,
+                 vocab=m.vocab_size)
 
 
 TFLOPS_CUBLAS = 100e12
@@ -155,7 +171,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     rate = TFLOPS_VOLTA_TC_KERNEL if a.fmha_fraction is None else a.fmha_fraction * V100_TC_PEAK
-    r = project(Shape(), a.tokens, fmha_rate=rate)
+    r = project(reference_shape(), a.tokens, fmha_rate=rate)
     print(table(r))
     if a.out:
         a.out.write_text(json.dumps(r, indent=1))

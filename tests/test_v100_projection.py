@@ -18,7 +18,7 @@ spec.loader.exec_module(proj)
 
 
 def test_linear_weights_of_the_decoder():
-    p = proj.linear_params(proj.Shape())
+    p = proj.linear_params(proj.reference_shape())
     assert p["mlp"] == 64 * 3 * 5120 * 17408
     # q (with its gate) 5120 x 12288, k and v 5120 x 1024 each, o 6144 x 5120
     assert p["full_attention"] == 16 * (5120 * 12288 + 2 * 5120 * 1024 + 6144 * 5120)
@@ -28,7 +28,7 @@ def test_linear_weights_of_the_decoder():
 
 
 def test_causal_pairs_and_a_250k_prefill_match_the_facts():
-    s = proj.Shape()
+    s = proj.reference_shape()
     assert proj.attention_flops(s, 1, 0) == 16 * 4 * 256 * 24  # one query, itself
     assert proj.attention_flops(s, 2, 10) == 16 * 4 * 256 * 24 * (20 + 3)
     r = proj.project(s, 250_000)
@@ -38,8 +38,8 @@ def test_causal_pairs_and_a_250k_prefill_match_the_facts():
 
 
 def test_decode_reads_the_int8_weights_once_per_gpu():
-    r = proj.project(proj.Shape(), 32768)
-    p = proj.linear_params(proj.Shape())
+    r = proj.project(proj.reference_shape(), 32768)
+    p = proj.linear_params(proj.reference_shape())
     assert r["decode_step_bytes"]["linear (int8 weights)"] == sum(p.values()) / 2
     # 48 layers x 24 value heads per GPU x 128 x 128 fp32, read and written
     assert r["decode_step_bytes"]["gdn_recurrent (fp32 state read + write)"] == (
