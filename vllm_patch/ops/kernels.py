@@ -93,40 +93,17 @@ def paged_decode_blocks_per_sm(q_per_seq: int, device: int = -1) -> int:
     return int(_ops().paged_decode_blocks_per_sm(q_per_seq, device=device))
 
 
-# The process-wide path, mirrored here so per-call dispatch (sm70_gptq's rows above the GEMV,
-# the attention builder) reads a Python value instead of calling an op.
-_arch: list[str] = []
-# device index -> whether its launches take the Volta instantiations
-_volta: dict[int, bool] = {}
-
-
 def set_arch_path(path: str) -> None:
     """Process-wide: "native" (the device's own instantiations, the default) or "sm70" (the
     Volta m8n8k4 instantiations on any GPU, for testing them on newer cards). Not for serving."""
     if path not in ARCH_PATHS:
         raise ValueError(f"arch path must be one of {', '.join(ARCH_PATHS)}, got {path!r}")
     _ops().set_arch_path(path)
-    _arch[:] = [path]
 
 
 def arch_path() -> str:
     """The process-wide architecture path set_arch_path chose."""
-    if not _arch:
-        _arch.append(str(_ops().arch_path()))
-    return _arch[0]
-
-
-def volta_path(device_index: int) -> bool:
-    """Whether launches on this device take the Volta (arch::Sm70) instantiations: a GPU
-    below compute capability 8, or any GPU while set_arch_path("sm70") forces them; the rule
-    use_sm80_path applies on the C++ side (torch_bindings/bindings_common.h)."""
-    if arch_path() == "sm70":
-        return True
-    if device_index not in _volta:
-        import torch
-
-        _volta[device_index] = torch.cuda.get_device_capability(device_index)[0] < 8
-    return _volta[device_index]
+    return str(_ops().arch_path())
 
 
 def gdn_recurrent_decode(

@@ -76,6 +76,7 @@ INT8_GEMM_MAX_ROWS = 255
 # columns at K = 5,120: a 2,048-token chunk still makes 68-GFLOP cuBLAS calls) keep the
 # reference model on 2 x 16 GiB cards.
 DEQUANT_SLICE_BYTES = 32 << 20
+_volta_devices: dict[int, bool] = {}
 _register_lock = threading.Lock()
 
 
@@ -124,7 +125,7 @@ def _run(
     if m <= max_rows:
         CALLS["gemv"] += 1
         y = kernels.gptq_gemv(x2, qw, sz, group_size, bias)
-    elif kernels.volta_path(_device_index(x2.device)):
+    elif _volta_path(x2.device):
         if m <= INT8_GEMM_MAX_ROWS:
             CALLS["gemm"] += 1
             y = kernels.int8_gemm(x2, qw, sz, group_size, bias)
@@ -141,8 +142,17 @@ def _run(
     return y.reshape(*lead, qw.shape[0])
 
 
-def _device_index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
+def _volta_path(device: torch.device) -> bool:
+    """Whether this device runs the Volta instantiations: compute capability 7.x, or any GPU
+    when set_arch_path("sm70") forces them (tests)."""
+    from vllm_patch.ops import kernels
+
+    if kernels.arch_path() == "sm70":
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _volta_devices:
+        _volta_devices[index] = torch.cuda.get_device_capability(index)[0] == 7
+    return _volta_devices[index]
 
 
 def _dequant_gemm(
