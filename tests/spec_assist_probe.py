@@ -296,6 +296,21 @@ def install_case() -> dict[str, Any]:
                    torch.tensor([[1]]), None, None, None, None, None, None, None)
         passthrough[name] = {"same_object": got is drafts,
                              "stats": runner_hook.stats(r)}
+    # a step that fails (here: a runner without vLLM's discard mask) hands vLLM's drafts
+    # back and turns the assist off for that runner
+    r = new_runner()
+    del r.discard_request_mask
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState
+
+    st = CachedRequestState(req_id="a", prompt_token_ids=[1, 2, 3], mm_features=[],
+                            sampling_params=SamplingParams(), generator=None, block_ids=([],),
+                            num_computed_tokens=0, output_token_ids=[])
+    r.requests["a"] = st
+    r.input_batch.add_request(st)
+    got = stub(r, SimpleNamespace(scheduled_spec_decode_tokens={}), torch.tensor([[1]]),
+               None, None, None, None, None, None, None)
+    passthrough["failing_step"] = {"same_object": got is drafts, "stats": runner_hook.stats(r)}
     out["passthrough"] = passthrough
     out["refused_foreign"] = _refusals()
     return out

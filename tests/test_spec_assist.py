@@ -75,9 +75,12 @@ def test_plugin_arms_and_import_wraps_vllms_method(probed: dict[str, Any]) -> No
 
 
 def test_other_runners_get_vllms_drafts_untouched(probed: dict[str, Any]) -> None:
-    for name, p in probed["install"]["passthrough"].items():
+    got = probed["install"]["passthrough"]
+    assert set(got) == {"ngram", "eagle", "probabilistic", "none", "failing_step"}
+    for name, p in got.items():
         assert p["same_object"], name
         assert p["stats"]["active"] is False and p["stats"]["why"].startswith("off: "), name
+    assert got["failing_step"]["stats"]["why"].startswith("off: failed (AttributeError")
 
 
 def test_foreign_targets_refused(probed: dict[str, Any]) -> None:

@@ -70,6 +70,7 @@ class AssistState:
         self.slot_of: dict[str, int] = {}
         self._free = list(range(max_reqs - 1, -1, -1))
         self.calls = 0
+        self.skipped = 0  # calls left alone by the runner hook (a batch of another shape)
 
     # --- slots (host) -------------------------------------------------------------------
     def _assign(self, req_ids: Sequence[str],
@@ -109,7 +110,8 @@ class AssistState:
     def stats(self) -> dict[str, int]:
         """The counters since start (syncs: call it off the hot path)."""
         c = [int(x) for x in self.counts.tolist()]
-        return {"calls": self.calls, "rows": c[ROWS], "rows_with_ngram_draft": c[NGRAM_DRAFTS],
+        return {"calls": self.calls, "skipped": self.skipped, "rows": c[ROWS],
+                "rows_with_ngram_draft": c[NGRAM_DRAFTS],
                 "rows_chose_ngram": c[CHOSE_NGRAM], "rows_measured": c[MEASURED],
                 "live_requests": len(self.slot_of)}
 

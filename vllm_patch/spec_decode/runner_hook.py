@@ -108,7 +108,8 @@ def apply(runner: Any, state: AssistState, scheduler_output: Any, sampled: Any,
     batch = runner.input_batch
     req_ids = list(batch.req_ids)
     if drafts.shape[0] != len(req_ids) or sampled.shape[0] != len(req_ids):
-        return drafts  # not the padded MTP batch this was written for: leave it
+        state.skipped += 1  # not the padded MTP batch this was written for: leave it
+        return drafts
     k = state.params.k
     spec_tokens = scheduler_output.scheduled_spec_decode_tokens
     verified = [len(spec_tokens.get(r, ())) == k for r in req_ids]
@@ -133,7 +134,12 @@ def assist_method(original: Any, spec_cfg: Any) -> Any:
         if (state is None or not isinstance(drafts, torch.Tensor)
                 or not isinstance(sampled_token_ids, torch.Tensor)):
             return drafts
-        return apply(self, state, scheduler_output, sampled_token_ids, drafts)
+        try:
+            return apply(self, state, scheduler_output, sampled_token_ids, drafts)
+        except Exception as exc:  # vLLM's drafts are always correct to verify: keep serving
+            self.__dict__[STATE_ATTR] = f"off: failed ({type(exc).__name__}: {exc})"
+            logger.exception("sm70 n-gram assist failed; this runner keeps MTP drafts only")
+            return drafts
 
     setattr(propose_draft_token_ids, MARK, True)
     setattr(propose_draft_token_ids, REPLACES, original)
