@@ -85,6 +85,7 @@ def jobs(py: str) -> list[Job]:
         script("tests/gpu/serving/device_openai.py", "openai", {"ops", "tiny", "warm"}, 0.07),
         script("tests/gpu/serving/device_draft_int8.py", "draft_int8", {"ops", "tiny", "warm"},
                0.08),
+        script("tests/gpu/serving/device_assist.py", "assist", {"ops", "tiny", "warm"}, 0.08),
         script("tests/gpu/logprobs/device_logprobs.py", "logprobs", {"ops", "slice", "warm"},
                0.28),
         # the tiny A/B with our side on the Volta m8n8k4 instantiations (set_arch_path)
