@@ -77,6 +77,7 @@ def jobs(py: str) -> list[Job]:
         script("tests/gpu/ab/run_stack.py", "stack", {"ops", "tiny", "warm"}, 0.12),
         script("tests/gpu/fmha/device_fmha.py", "fmha", {"ops"}, 0.04),
         script("tests/gpu/clef/device_clef.py", "clef", {"ops"}, 0.04),
+        script("tests/gpu/clef/device_clef_vllm.py", "clef_vllm", {"ops", "tiny", "warm"}, 0.12),
         script("tests/gpu/attention/device_backend_ab.py", "backend", {"ops", "tiny", "warm"},
                0.2),
         script("tests/gpu/gdn/device_gdn.py", "gdn", {"ops", "tiny", "warm"}, 0.15),
