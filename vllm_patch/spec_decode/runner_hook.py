@@ -106,7 +106,7 @@ def apply(runner: Any, state: AssistState, scheduler_output: Any, sampled: Any,
           drafts: Any) -> Any:
     """One step of the assist on what vLLM's method produced (see the module doc)."""
     batch = runner.input_batch
-    req_ids = list(batch.req_ids)
+    req_ids = list(batch.req_ids[: batch.num_reqs])
     if drafts.shape[0] != len(req_ids) or sampled.shape[0] != len(req_ids):
         state.skipped += 1  # not the padded MTP batch this was written for: leave it
         return drafts
