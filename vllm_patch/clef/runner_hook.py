@@ -90,6 +90,9 @@ class ScoreStore:
         self.partial: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self.done: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.head: Callable[..., torch.Tensor] | None = None
+        # the GPU check's window on the gathered rows (a CPU copy per request when on)
+        self.keep_hidden = False
+        self.hidden: OrderedDict[str, torch.Tensor] = OrderedDict()
 
     def collect(self, hidden: torch.Tensor, pending: Pending) -> None:
         for spec, idx, rows in pending:
@@ -106,7 +109,9 @@ class ScoreStore:
             if bool(got.all()):
                 del self.partial[spec.key]
                 self.done[spec.key] = self.score(spec, buf)
-        for store in (self.partial, self.done):
+                if self.keep_hidden:
+                    self.hidden[spec.key] = buf.detach().cpu()
+        for store in (self.partial, self.done, self.hidden):
             while len(store) > MAX_KEPT:
                 store.popitem(last=False)
 
