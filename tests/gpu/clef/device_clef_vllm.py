@@ -598,7 +598,8 @@ def driver(run: Run) -> int:
             import signal
 
             os.killpg(p.pid, signal.SIGKILL)
-            run.steps.setdefault("killed", {"passed": False, "engines": []})
+            # out of budget: what it did not finish was not run, not failed
+            run.steps.setdefault("killed", {"passed": None, "engines": []})
             run.steps["killed"]["engines"].append(name)
     if "killed" in run.steps:
         run.write("killed", run.steps["killed"])
@@ -608,7 +609,11 @@ def driver(run: Run) -> int:
             results[name] = json.loads(out.read_text())
         except (OSError, ValueError):
             results[name] = {"phases": {}, "errors": {"result": f"no JSON (rc {p.poll()})"}}
+    killed = set(run.steps.get("killed", {}).get("engines", []))
     run.write("engines", {"passed": all(not r.get("errors") for r in results.values()),
+                          "killed": sorted(killed),
+                          "modes": {n: r.get("mode") for n, r in results.items()},
+                          "graphs_startup_error": results["ours"].get("graphs_startup_error"),
                           "startup_s": {n: r.get("startup_s") for n, r in results.items()},
                           "phase_s": {n: r.get("phase_s") for n, r in results.items()},
                           "errors": {n: r.get("errors") for n, r in results.items()},
@@ -624,13 +629,12 @@ def driver(run: Run) -> int:
         try:
             run.write(name, fn())
         except Exception:
-            run.write(name, {"passed": None if _missing(results) else False,
+            # a phase an engine never reached (killed at the deadline, or an earlier error
+            # already reported in `engines`) is not run; a broken result is a failure
+            missing = bool(killed) or any(r.get("errors") for r in results.values())
+            run.write(name, {"passed": None if missing else False,
                              "error": traceback.format_exc()[-3000:]})
     return 0
-
-
-def _missing(results: dict[str, Any]) -> bool:
-    return any(r.get("errors") for r in results.values())
 
 
 def main(argv: list[str] | None = None) -> int:
