@@ -104,7 +104,14 @@ class ClefRows:
         span = max(num_tokens, self.dirty)
         if span and (ranges or self.dirty):
             host = torch.frombuffer(bytearray(row_mask_bytes(ranges, span)), dtype=torch.uint8)
-            buf[:span].copy_(host)
+            if buf.device.type == "cuda":
+                # pinned and non-blocking: a pageable copy would wait for the stream, i.e.
+                # for the step still running under async scheduling; the stream orders the
+                # copy after that step's reads, and torch's pinned pool keeps `host` until
+                # the copy has run
+                buf[:span].copy_(host.pin_memory(), non_blocking=True)
+            else:
+                buf[:span].copy_(host)
         self.dirty = ranges[-1][1] if ranges else 0
         self.any_clef = bool(ranges)
         self.rows = num_tokens
