@@ -313,7 +313,43 @@ def attached_bytes(model: Any, clef_dir: str) -> dict[str, Any]:
     head_bytes = 0 if head is None else sum(b.numel() * b.element_size()
                                             for b in head.buffers())
     return {"corrected_layers": layers, "correction_bytes": buf, "format_bytes": want,
-            "head_bytes": head_bytes, "hook": list(_hook)}
+            "head_bytes": head_bytes, "hook": list(_hook), "allocator": _safe(allocator_view,
+                                                                               model)}
+
+
+def _safe(fn: Any, *args: Any) -> dict[str, Any]:
+    try:
+        return fn(*args)
+    except Exception:
+        return {"error": traceback.format_exc()[-2000:]}
+
+
+def allocator_view(model: Any) -> dict[str, Any]:
+    """The same shard tensors allocated once more, counted two ways: `memory_allocated`
+    (the blocks the caching allocator hands out: 512-byte rounding, and a large-pool block
+    not split when its remainder would be at most 1 MiB) and the bytes requested. The
+    layers' memory step (device_clef.py) saw allocated above the tensors' bytes; if
+    requested equals the tensors here while allocated exceeds them, the allocator's
+    rounding is the difference, not the correction."""
+    import torch
+
+    bufs = [b for _n, mod in model.named_modules() if hasattr(mod, "sm70_clef_bounds")
+            for bn, b in mod.named_buffers(recurse=False)
+            if bn.startswith(("sm70_clef_a", "sm70_clef_b"))]
+    torch.cuda.synchronize()
+    s0 = torch.cuda.memory_stats()
+    copies = [b.clone() for b in bufs]
+    torch.cuda.synchronize()
+    s1 = torch.cuda.memory_stats()
+    out = {"tensors": len(copies),
+           "tensor_bytes": sum(c.numel() * c.element_size() for c in copies),
+           "allocated_delta": s1["allocated_bytes.all.current"]
+           - s0["allocated_bytes.all.current"]}
+    if "requested_bytes.all.current" in s1:
+        out["requested_delta"] = (s1["requested_bytes.all.current"]
+                                  - s0["requested_bytes.all.current"])
+    del copies
+    return out
 
 
 def _render(tok: Any, raw: dict[str, Any]) -> Any:
@@ -529,10 +565,16 @@ def check_stability(ours: dict[str, Any]) -> dict[str, Any]:
 
 def check_memory(ours: dict[str, Any]) -> dict[str, Any]:
     m = ours["phases"]["memory"]
+    a = m.get("allocator") or {}
+    tb = a.get("tensor_bytes", 0)
     return {"passed": m["correction_bytes"] == m["format_bytes"] and m["head_bytes"] > 0
             and m["hook"] == ["installed"], **m,
             "figures": {"correction_bytes": m["correction_bytes"],
-                        "head_bytes": m["head_bytes"]}}
+                        "head_bytes": m["head_bytes"],
+                        "allocator_extra_bytes": (a["allocated_delta"] - tb
+                                                  if "allocated_delta" in a else None),
+                        "requested_extra_bytes": (a["requested_delta"] - tb
+                                                  if "requested_delta" in a else None)}}
 
 
 # ------------------------------------------------------------------ driver
