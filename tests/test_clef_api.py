@@ -252,3 +252,89 @@ def test_serve_adds_the_middleware_and_the_worker_extension_only_with_clef() -> 
     assert clef_argv(SimpleNamespace(clef=False)) == []  # type: ignore[arg-type]
     mod, _, name = on[1].rpartition(".")
     assert hasattr(__import__(mod, fromlist=[name]), name)
+
+
+# ------------------------------------------------------------------ a real FastAPI app
+FASTAPI_CHILD = r'''
+import json, os, sys
+from types import SimpleNamespace
+sys.path.insert(0, "tests")
+from clef_fixture import TINY_CONFIG
+req = json.loads(sys.stdin.read())
+os.environ["SM70_PLUGIN_CONFIG"] = json.dumps({"clef": {"enabled": True, "dir": req["dir"],
+                                                        "rank": 8}})
+from fastapi import FastAPI, Request
+from starlette.testclient import TestClient
+from vllm_patch.clef import api
+
+app = FastAPI()
+
+@app.post("/v1/chat/completions")
+async def chat(r: Request):
+    return {"echo": await r.json()}
+
+app.add_middleware(api.ClefMiddleware)  # as vLLM adds a --middleware class: no arguments
+
+class Tok:
+    def encode(self, s, add_special_tokens=True):
+        return [ord(c) % 500 for c in s]
+
+class Engine:
+    def get_tokenizer(self):
+        return Tok()
+    async def generate(self, prompt, sp, request_id):
+        self.n = len(sp.extra_args["sm70_clef_score"]["positions"])
+        yield None
+    async def collective_rpc(self, method, args=()):
+        return [[0.0] * (self.n - 1) + [3.0]]
+
+app.state.args = SimpleNamespace(served_model_name=["base"], max_model_len=4096)
+app.state.engine_client = Engine()
+app.state.vllm_config = SimpleNamespace(model_config=SimpleNamespace(
+    hf_config=SimpleNamespace(to_dict=lambda: TINY_CONFIG)))
+
+class SP:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+run = api.run_scoring
+async def scoring(engine, rendered, make_params=None):
+    return await run(engine, rendered, SP)
+api.run_scoring = scoring
+c = TestClient(app)
+out = {}
+r = c.post("/v1/chat/completions", json={"model": "base", "messages": []})
+out["chat"] = [r.status_code, r.json()]
+r = c.post("/v1/chat/completions", json={"model": "base-clef", "messages": []})
+out["clef_chat"] = [r.status_code, r.json()]
+r = c.post("/v1/clef/score", json={"model": "base-clef", "input": "hi there", "questions": [
+    {"id": "a", "kind": "choice", "text": "q?", "options": ["x", "y"]}]})
+out["score"] = [r.status_code, r.json()]
+print(json.dumps(out))
+'''
+
+
+def test_in_a_real_fastapi_app_added_as_vllm_adds_it(clef_dir: Path) -> None:
+    import importlib.util
+    import subprocess
+    import sys
+
+    from serve_venv import SERVE_PY
+
+    py = sys.executable if importlib.util.find_spec("fastapi") else str(SERVE_PY)
+    if not Path(py).is_file():
+        pytest.skip(f"no fastapi here and no {SERVE_PY}")
+    probe = subprocess.run([py, "-c", "import fastapi, httpx"], capture_output=True)
+    if probe.returncode:
+        pytest.skip(f"{py} has no fastapi/httpx")
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([py, "-c", FASTAPI_CHILD], input=json.dumps({"dir": str(clef_dir)}),
+                          capture_output=True, text=True, timeout=300, cwd=str(root),
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["chat"] == [200, {"echo": {"model": "base", "messages": []}}]
+    assert out["clef_chat"][0] == 400 and out["clef_chat"][1]["error"]["param"] == "model"
+    status, body = out["score"]
+    assert status == 200 and body["object"] == "clef.score"
+    assert body["results"][0]["best"] == "y"  # the last option's logit is the largest
