@@ -85,6 +85,9 @@ class SpecConfig:
     draft_head_dtype: str = "int8"
     draft_cudagraph: bool = True
     ngram_assist: bool = True
+    # R7 (spec_decode/accepted_state.py): vLLM 0.22.1 reads a stale GDN state on a decode
+    # step without drafts after accepted drafts; false only to reproduce that bug
+    settle_accepted_state: bool = True
     ngram_min: int = 2
     ngram_max: int = 8
 
