@@ -107,6 +107,11 @@ def jobs(py: str) -> list[Job]:
         Job("attn_decode_bench", ["bash", "-c", f"{py} {ROOT}/bench/bench_attention_decode.py "
                                   "--out $OUT/h200_attention_decode.json"],
             {"ops"}, 0.1, own_args=True),
+        # the FMHA prefill on vLLM's TRITON_ATTN page (4-byte context loads) and its refusals
+        Job("fmha_page", [py, "-m", "pytest", "-q", "-m", "gpu", "--noconftest", "-p",
+                          "no:cacheprovider", "-rf", str(ROOT / "tests/gpu/test_fmha_gpu.py"),
+                          "-k", "triton_attn_page or row_alignments or refuses"],
+            {"ops"}, 0.04, own_args=True),
         # the tiny A/B with our side on the Volta m8n8k4 instantiations (set_arch_path)
         Job("ab_tiny_sm70", [py, str(AB / "run_ab.py"), "--shape", "tiny", "--side-args",
                              "--arch-path sm70 --util 0.03 --kv-gib 1"],
