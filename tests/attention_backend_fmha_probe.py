@@ -7,8 +7,8 @@ reference, called with exactly the arguments the backend passes (and the op's ar
 checked on them), so what is proven is ours: the row split, the context lengths built in
 `build`, the block-table rows, the chunk offsets and the page strides. The expected outputs
 are computed here independently (plain causal softmax over the dequantised context and the
-chunk's fp16 K/V). The builder refuses cutlass_fmha on TRITON_ATTN's page at start-up, so the
-routing part sets the builder's choice directly, as it will be once the op reads 260-byte rows.
+chunk's fp16 K/V). The builder part constructs the real builder with each setting; the routing
+part sets the builder's choice directly (its other fields need a whole engine config).
 """
 
 from __future__ import annotations
@@ -59,7 +59,10 @@ def _stand_in(calls: list[dict[str, Any]]) -> Any:
     from vllm_patch.ops.reference_fmha import fmha_prefill_reference
 
     def fmha(q, k, v, kc, vc, ks, vs, cs, ss, bt, qsl, ctx, block_size, max_q, scale):
-        # the op's argument rules that do not concern strides (those the builder refuses)
+        # the op's argument rules: cache strides and bases multiples of 4 bytes (its
+        # narrowest load), the index tensors int32 and contiguous, the chunk rows matching
+        assert all(x % 4 == 0 for x in cs) and kc.storage_offset() % 4 == 0
+        assert vc.storage_offset() % 4 == 0
         assert q.shape[0] == k.shape[0] == v.shape[0] and k.shape[1] == HKV
         assert qsl.dtype == ctx.dtype == bt.dtype == torch.int32
         assert qsl.is_contiguous() and ctx.is_contiguous() and bt.stride(1) == 1
