@@ -51,7 +51,9 @@ from vllm_patch.attention import layout, rules
 from vllm_patch.ops import kernels
 from vllm_patch.ops.reference import decode_num_splits
 
-CALLS: dict[str, int] = {"kv_write": 0, "decode": 0, "prefill_triton": 0, "prefill_fmha": 0}
+# prefill_fmha_beside_decode: FMHA prefill calls of steps that also had decode rows
+CALLS: dict[str, int] = {"kv_write": 0, "decode": 0, "prefill_triton": 0, "prefill_fmha": 0,
+                         "prefill_fmha_beside_decode": 0}
 # (route, device index) -> int64 counter on that device; routes "decode", "prefill_fmha"
 _device_counts: dict[tuple[str, int], torch.Tensor] = {}
 DEVICE_ROUTES = ("decode", "prefill_fmha")
@@ -292,6 +294,8 @@ class Sm70PagedImpl(TritonAttentionImpl):
             m.max_prefill_query_len, self.scale)
         output[nd:end].copy_(out)
         CALLS["prefill_fmha"] += 1
+        if m.num_decodes:
+            CALLS["prefill_fmha_beside_decode"] += 1
         if _count_on_device:
             _bump_device(query.device, "prefill_fmha")
 
