@@ -273,7 +273,8 @@ def main() -> int:
                                check=False)
             cost = json.loads((out / "layout_cost.json").read_text())
             summary["layout_cost"] = {"rc": r.returncode, "errors": cost.get("errors"),
-                                      "rows": cost.get("rows")}
+                                      "rows": cost.get("rows"),
+                                      "fmha_rows": cost.get("fmha_rows")}
         except Exception as exc:
             summary["layout_cost"] = {"error": f"{type(exc).__name__}: {exc}"}
         flush()
