@@ -13,10 +13,11 @@
    sm70_gptq does not run; the GDN override is off by default). Two sets of sides:
    - `--set fmha` (the default, four engines): ours with SM70_PREFILL_ATTENTION=cutlass_fmha
      (plugin config), so prefill chunks run torch.ops.sm70.fmha_prefill on TRITON_ATTN's
-     260-byte-row page, against stock, eager (ours on the Volta m8n8k4 instantiations) and
-     graphs (FULL_AND_PIECEWISE, capture sizes 1-16, the H200's own path); fmha_side.py's
-     phases: a ~100-token prompt, a ~4K-token prompt chunked by 1024-token steps, and 8
-     short prompts decoding beside 3 long ones' prefill chunks. A side passes only if every
+     260-byte-row page, against stock, eager (ours on the Volta m8n8k4 instantiations,
+     prefix caching on for both sides) and graphs (FULL_AND_PIECEWISE, capture sizes 1-16,
+     the H200's own path); fmha_side.py's phases: a ~100-token prompt, a ~4K-token prompt
+     chunked by 1024-token steps, 8 short prompts decoding beside 3 long ones' prefill
+     chunks, and (eager) shared prefixes around the block size. A side passes only if every
      prefill ran on the FMHA (Python and device counters), none on Triton, and some step
      mixed decode rows with FMHA prefill rows.
    - `--set triton` (six engines, the default route): eager, graphs and one pair with prefix
@@ -60,8 +61,9 @@ MUTANT_MIN_S = 300  # a whole-extension build, then its tests: not started with 
 RUNNERS = {"fmha": HERE / "fmha_side.py", "triton": AB / "ab_side.py"}
 SETS: dict[str, dict[str, tuple[str, str, list[str]]]] = {
     "fmha": {
-        "stock_eager": ("stock", "eager", []),
-        "fmha_eager": ("ours", "eager", ["--fmha", "--arch-path", "sm70"]),
+        # eager with prefix caching (align mode: the 528-token block within a step)
+        "stock_eager": ("stock", "eager", ["--prefix-caching"]),
+        "fmha_eager": ("ours", "eager", ["--fmha", "--arch-path", "sm70", "--prefix-caching"]),
         "stock_graphs": ("stock", "graphs", []),
         "fmha_graphs": ("ours", "graphs", ["--fmha"]),
     },
@@ -209,7 +211,8 @@ def main() -> int:
         util = side_util(share, len(sides_of))
         summary["engine"] = {"checkpoint": str(tiny / "fp16"), "util_each": util,
                              "kv_gib": 1, "runner": RUNNERS[a.which].name,
-                             "phases": PHASES if a.which == "triton" else "p100,p4k,mix"}
+                             "phases": PHASES if a.which == "triton"
+                             else "p100,p4k,mix (+prefix on the eager pair)"}
         if not a.skip_ab:
             for name, (side, _mode, _extra) in sides_of.items():
                 cmd = side_command(a.which, name, tiny / "fp16", out, util)

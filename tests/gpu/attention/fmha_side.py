@@ -12,6 +12,9 @@ prompts and the budget of one step differ:
         chunks read their context from the int8 page
   mix   8 short prompts beside 3 long ones (1.5K-3.9K): the shorts decode while the longs'
         chunks prefill, so steps mix decode rows and FMHA prefill rows
+  prefix  (with --prefix-caching, align mode) ab_side's shared prefixes of 527-1300 tokens
+        around the 528-token block: a request that hits the cache starts with a context
+        of whole cached blocks that other requests wrote
 Each phase is written to the JSON as soon as it finishes (the shape ab_side writes, so
 compare.compare_sides reads both). Ours also records the backend's call counters and the
 device counters of the decode and FMHA routes (graph replays count there).
@@ -35,7 +38,7 @@ from typing import Any
 AB = Path(__file__).resolve().parents[1] / "ab"
 sys.path.insert(0, str(AB))
 
-from ab_side import engine_kwargs, run_phase, summarize_attention  # noqa: E402
+from ab_side import engine_kwargs, prefix_batches, run_phase, summarize_attention  # noqa: E402
 
 FMHA_CONFIG = '{"attention": {"prefill_kernel": "cutlass_fmha"}}'  # SM70_PLUGIN_CONFIG
 P100 = 100
@@ -54,7 +57,7 @@ def phase_prompts(seed: int = 11, vocab_cap: int = 1024) -> dict[str, list[list[
         return [rng.randrange(vocab_cap) for _ in range(n)]
 
     return {"p100": [[p(P100)]], "p4k": [[p(P4K)]],
-            "mix": [[p(n) for n in MIX_SHORT + MIX_LONG]]}
+            "mix": [[p(n) for n in MIX_SHORT + MIX_LONG]], "prefix": prefix_batches()}
 
 
 def main() -> int:
@@ -67,7 +70,10 @@ def main() -> int:
     ap.add_argument("--max-len", type=int, default=MAX_LEN)
     ap.add_argument("--kv-gib", type=float, default=1)
     ap.add_argument("--util", type=float, default=0.05)
-    ap.add_argument("--phases", default="p100,p4k,mix")
+    ap.add_argument("--phases", default=None,
+                    help="default p100,p4k,mix (and prefix with --prefix-caching)")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="prefix caching on (mamba_cache_mode align)")
     ap.add_argument("--arch-path", choices=["native", "sm70"], default="native",
                     help="ours only: 'sm70' runs the Volta m8n8k4 instantiations")
     ap.add_argument("--fmha", action="store_true",
@@ -92,7 +98,7 @@ def main() -> int:
         from vllm import LLM, SamplingParams
 
         kw = engine_kwargs(a.model, a.mode, a.max_batched, a.max_len, a.kv_gib, a.util,
-                           "CUSTOM" if ours and a.fmha else "TRITON_ATTN")
+                           "CUSTOM" if ours and a.fmha else "TRITON_ATTN", a.prefix_caching)
         if ours and a.fmha:
             from vllm_patch.attention import backend
 
@@ -118,7 +124,8 @@ def main() -> int:
         sp = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True, logprobs=2,
                             detokenize=False)
         plan = phase_prompts()
-        for phase in a.phases.split(","):
+        phases = a.phases or ("p100,p4k,mix" + (",prefix" if a.prefix_caching else ""))
+        for phase in phases.split(","):
             t = time.time()
             rows: list[dict[str, Any]] = []
             for batch in plan[phase]:

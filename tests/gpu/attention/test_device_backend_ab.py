@@ -127,7 +127,12 @@ def test_the_side_commands() -> None:
     assert cmd[1].endswith("fmha_side.py") and "--fmha" in cmd and "--phases" not in cmd
     assert cmd[cmd.index("--mode") + 1] == "graphs" and cmd[cmd.index("--side") + 1] == "ours"
     eager = dev.side_command("fmha", "fmha_eager", Path("/m"), out, 0.04)
-    assert eager[eager.index("--arch-path") + 1] == "sm70"
+    assert eager[eager.index("--arch-path") + 1] == "sm70" and "--prefix-caching" in eager
+    # a pair differs only in the backend: the same prefix-caching setting on both sides
+    for which, pairs in dev.PAIR_SETS.items():
+        for ref, sut in pairs.values():
+            assert (("--prefix-caching" in dev.SETS[which][ref][2])
+                    == ("--prefix-caching" in dev.SETS[which][sut][2])), (ref, sut)
     stock = dev.side_command("fmha", "stock_eager", Path("/m"), out, 0.04)
     assert "--fmha" not in stock and stock[stock.index("--side") + 1] == "stock"
     old = dev.side_command("triton", "ours_prefix", Path("/m"), out, 0.04)
@@ -150,6 +155,8 @@ def test_the_fmha_phases_chunk_the_4k_prompt_and_mix() -> None:
     lens = [len(p) for p in mix]
     assert sum(n <= 200 for n in lens) == 8 and max(lens) + 64 <= fmha_side.MAX_LEN
     assert sum(n > fmha_side.MAX_BATCHED for n in lens) == 3  # chunked beside the decodes
+    assert plan["prefix"] and max(len(p) for b in plan["prefix"] for p in b) + 64 <= \
+        fmha_side.MAX_LEN
 
 
 def test_the_fmha_plugin_config_selects_the_op() -> None:
