@@ -345,6 +345,13 @@ def main() -> int:
                                    sides_of[n][0] == "ours", a.which == "fmha")
                   for n, s in sides.items()}
         summary["backend_checks"] = checks
+        if a.which == "fmha":  # the evidence that our FMHA op ran, side by side
+            summary["fmha_evidence"] = {
+                n: {k: c.get(k) for k in ("prefill_kernel", "device_prefill_fmha",
+                                          "device_decodes")}
+                | {k: (c.get("calls") or {}).get(k) for k in (
+                    "prefill_fmha", "prefill_fmha_beside_decode", "prefill_triton")}
+                for n, c in checks.items() if sides_of[n][0] == "ours"}
         comps: dict[str, dict[str, Any]] = {}
         for pair, (ref, sut) in pairs_of.items():
             if ref in sides and sut in sides and not sides[ref].get("error") \
