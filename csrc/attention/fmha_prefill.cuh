@@ -123,10 +123,9 @@ struct FmhaPrefillParams {
 };
 
 // Raw bytes of one thread's share of a K/V tile: 32 dims of one key (8 threads per key).
-// kind 1: cache row (32 int8 in k[0..1], v[0..1] and the two scales, read with ctx_vec-byte
-// loads); kind 2: the chunk's
-// fp16 row (64 bytes in k[0..3], v[0..3]); kind 0: no key (stored as zeros, so P = 0
-// times V stays 0).
+// kind 1: cache row (32 int8 in k[0..1], v[0..1], read with ctx_vec-byte loads, and the
+// two scales); kind 2: the chunk's fp16 row (64 bytes in k[0..3], v[0..3]); kind 0: no key
+// (stored as zeros, so P = 0 times V stays 0).
 struct FmTileRegs {
   uint4 k[4];
   uint4 v[4];
