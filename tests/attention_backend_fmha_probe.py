@@ -137,7 +137,11 @@ def _routing(shift: dict[str, int]) -> dict[str, Any]:
     meta = backend.Sm70PagedMetadataBuilder._with_split(fake, base, Common, 31)
     output = torch.zeros_like(query)
     before = dict(backend.CALLS)
+    backend.count_on_device(True, "cpu")  # the device counters, here on the CPU
+    dev_before = {r: backend.device_count(r) for r in backend.DEVICE_ROUTES}
     impl.forward(None, query, key, value, kv, meta, output)
+    dev_after = {r: backend.device_count(r) for r in backend.DEVICE_ROUTES}
+    backend.count_on_device(False)
     errors = []
     for r in (2, 3):  # the two prefill rows, expected independently
         n, ctx = q_lens[r], seqs[r] - q_lens[r]
@@ -157,6 +161,7 @@ def _routing(shift: dict[str, int]) -> dict[str, Any]:
             "decode_rows": [float(output[i].float().mean()) for i in range(4)],
             "padding_rows": [float(output[i].float().abs().max()) for i in range(t_real, t)],
             "route": {k: backend.CALLS[k] - before[k] for k in backend.CALLS},
+            "device_route": {r: dev_after[r] - dev_before[r] for r in dev_after},
             "ctx_lens": meta.prefill_ctx_lens.tolist() if meta.prefill_ctx_lens is not None
             else None}
 

@@ -77,6 +77,7 @@ def test_the_prefill_rows_reach_the_fmha_with_their_context(probe: dict) -> None
     assert r["route"]["prefill_fmha"] == 1 and r["route"]["prefill_triton"] == 0
     assert r["route"]["decode"] == 1
     assert r["route"]["prefill_fmha_beside_decode"] == 1  # the step had decode rows too
+    assert r["device_route"] == {"decode": 1, "prefill_fmha": 1}  # what graph replays count
     (call,) = r["calls"]
     # the extend (5 tokens after 21 cached) and the fresh prefill (3): offsets within the
     # prefill rows, context = length less chunk, their own block-table rows
