@@ -7,8 +7,8 @@ reference, called with exactly the arguments the backend passes (and the op's ar
 checked on them), so what is proven is ours: the row split, the context lengths built in
 `build`, the block-table rows, the chunk offsets and the page strides. The expected outputs
 are computed here independently (plain causal softmax over the dequantised context and the
-chunk's fp16 K/V). The builder refuses cutlass_fmha on TRITON_ATTN's page at start-up, so the
-routing part sets the builder's choice directly, as it will be once the op reads 260-byte rows.
+chunk's fp16 K/V). The builder part constructs the real builder with each setting; the routing
+part sets the builder's choice directly (its other fields need a whole engine config).
 """
 
 from __future__ import annotations
@@ -59,7 +59,10 @@ def _stand_in(calls: list[dict[str, Any]]) -> Any:
     from vllm_patch.ops.reference_fmha import fmha_prefill_reference
 
     def fmha(q, k, v, kc, vc, ks, vs, cs, ss, bt, qsl, ctx, block_size, max_q, scale):
-        # the op's argument rules that do not concern strides (those the builder refuses)
+        # the op's argument rules: cache strides and bases multiples of 4 bytes (its
+        # narrowest load), the index tensors int32 and contiguous, the chunk rows matching
+        assert all(x % 4 == 0 for x in cs) and kc.storage_offset() % 4 == 0
+        assert vc.storage_offset() % 4 == 0
         assert q.shape[0] == k.shape[0] == v.shape[0] and k.shape[1] == HKV
         assert qsl.dtype == ctx.dtype == bt.dtype == torch.int32
         assert qsl.is_contiguous() and ctx.is_contiguous() and bt.stride(1) == 1
@@ -134,7 +137,11 @@ def _routing(shift: dict[str, int]) -> dict[str, Any]:
     meta = backend.Sm70PagedMetadataBuilder._with_split(fake, base, Common, 31)
     output = torch.zeros_like(query)
     before = dict(backend.CALLS)
+    backend.count_on_device(True, "cpu")  # the device counters, here on the CPU
+    dev_before = {r: backend.device_count(r) for r in backend.DEVICE_ROUTES}
     impl.forward(None, query, key, value, kv, meta, output)
+    dev_after = {r: backend.device_count(r) for r in backend.DEVICE_ROUTES}
+    backend.count_on_device(False)
     errors = []
     for r in (2, 3):  # the two prefill rows, expected independently
         n, ctx = q_lens[r], seqs[r] - q_lens[r]
@@ -154,6 +161,7 @@ def _routing(shift: dict[str, int]) -> dict[str, Any]:
             "decode_rows": [float(output[i].float().mean()) for i in range(4)],
             "padding_rows": [float(output[i].float().abs().max()) for i in range(t_real, t)],
             "route": {k: backend.CALLS[k] - before[k] for k in backend.CALLS},
+            "device_route": {r: dev_after[r] - dev_before[r] for r in dev_after},
             "ctx_lens": meta.prefill_ctx_lens.tolist() if meta.prefill_ctx_lens is not None
             else None}
 

@@ -1,5 +1,6 @@
 """The SM70 backend's opt-in FMHA prefill route (SM70_PREFILL_ATTENTION=cutlass_fmha), on the
-CPU only: the start-up refusals as pure rules, and, through vLLM 0.22.1's CPU tree, the rows
+CPU only: the start-up rule as pure functions (TRITON_ATTN's 260-byte rows accepted, strides
+the op's 4-byte loads cannot address refused), and, through vLLM 0.22.1's CPU tree, the rows
 and arguments the backend hands torch.ops.sm70.fmha_prefill (its pure-PyTorch reference
 standing in, tests/attention_backend_fmha_probe.py) checked against an independent
 attention of the same step.
@@ -25,24 +26,30 @@ def test_the_page_strides_are_triton_attns_260_byte_rows() -> None:
 
 def test_the_fmha_stride_rule() -> None:
     assert rules.fmha_stride_problem([2 * 16 * 2 * 272, 2 * 272, 272]) is None
-    problem = rules.fmha_stride_problem(rules.page_strides(16, 2))
-    assert problem is not None and "multiples of 16" in problem and "260" in problem
+    assert rules.fmha_stride_problem(rules.page_strides(16, 2)) is None  # 260-byte rows
+    assert rules.fmha_stride_problem(rules.page_strides(1584, 1)) is None  # token stride 260
+    problem = rules.fmha_stride_problem([2 * 16 * 2 * 258, 2 * 258, 258])
+    assert problem is not None and "multiples of 4" in problem and "258" in problem
+    assert rules.fmha_stride_problem([-16, 32, 16]) is not None
 
 
 def test_triton_prefill_starts_on_the_page() -> None:
     rules.check_prefill_kernel("triton", rules.page_strides(1584, 4))
 
 
-def test_the_fmha_on_triton_attns_page_is_refused_naming_the_setting() -> None:
+def test_the_fmha_starts_on_triton_attns_page() -> None:
+    for bs, hkv in ((1584, 4), (1584, 2), (528, 2), (16, 1)):
+        rules.check_prefill_kernel("cutlass_fmha", rules.page_strides(bs, hkv))
+    rules.check_prefill_kernel("cutlass_fmha", [2 * 16 * 2 * 272, 2 * 272, 272])
+
+
+def test_the_fmha_on_a_page_it_cannot_address_is_refused_naming_the_setting() -> None:
+    # 2-byte-aligned rows (a 258-byte row): below the op's narrowest (4-byte) load
     with pytest.raises(rules.AttentionConfigError) as info:
-        rules.check_prefill_kernel("cutlass_fmha", rules.page_strides(1584, 4))
+        rules.check_prefill_kernel("cutlass_fmha", [2 * 16 * 2 * 258, 2 * 258, 258])
     msg = str(info.value)
     assert msg.startswith("SM70_PREFILL_ATTENTION=cutlass_fmha ")
-    assert "260" in msg and "SM70_PREFILL_ATTENTION=triton" in msg and "\n" not in msg
-
-
-def test_a_page_the_op_can_address_would_start() -> None:
-    rules.check_prefill_kernel("cutlass_fmha", [2 * 16 * 2 * 272, 2 * 272, 272])
+    assert "258" in msg and "SM70_PREFILL_ATTENTION=triton" in msg and "\n" not in msg
 
 
 def test_an_unknown_prefill_kernel_is_refused() -> None:
@@ -59,17 +66,18 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return out
 
 
-def test_the_builder_reads_the_setting_and_refuses_the_fmha_at_start_up(probe: dict) -> None:
+def test_the_builder_reads_the_setting_and_starts_the_fmha_on_the_page(probe: dict) -> None:
+    # None: the real builder started and kept the setting it read
     assert probe["builder"]["triton"] is None
-    refused = probe["builder"]["cutlass_fmha"]
-    assert refused is not None and refused.startswith("SM70_PREFILL_ATTENTION=cutlass_fmha")
-    assert "260" in refused
+    assert probe["builder"]["cutlass_fmha"] is None
 
 
 def test_the_prefill_rows_reach_the_fmha_with_their_context(probe: dict) -> None:
     r = probe["routing"]
     assert r["route"]["prefill_fmha"] == 1 and r["route"]["prefill_triton"] == 0
     assert r["route"]["decode"] == 1
+    assert r["route"]["prefill_fmha_beside_decode"] == 1  # the step had decode rows too
+    assert r["device_route"] == {"decode": 1, "prefill_fmha": 1}  # what graph replays count
     (call,) = r["calls"]
     # the extend (5 tokens after 21 cached) and the fresh prefill (3): offsets within the
     # prefill rows, context = length less chunk, their own block-table rows

@@ -21,7 +21,9 @@
 // The softmax runs between the two products on 4 threads per row, each keeping the row's
 // running max and sum in registers for the whole kernel; it writes P (fp16) and the row's
 // rescale factor to shared memory. The next tile's K/V bytes are loaded into registers
-// while the current tile is computed.
+// while the current tile is computed. Context rows are read with 16-byte loads where every
+// row starts 16-byte aligned and with 8- or 4-byte loads otherwise (TRITON_ATTN's page has
+// 260-byte rows), chosen at launch from the bases and strides (fm_ctx_vec).
 //
 // Shared memory (dynamic; Volta gives a block at most 96 KB): Q 64 rows, K and V 32 rows
 // each (fp16, padded pitches), two partial S tiles 64 x 32 fp32, P 64 x 32 fp16, two
@@ -111,6 +113,9 @@ struct FmhaPrefillParams {
   int64_t out_tok_stride, out_head_stride;
   int64_t cs_block, cs_token, cs_head;  // cache strides, elements (bytes)
   int64_t ss_block, ss_token, ss_head;  // scale strides, elements
+  // widest load (16, 8 or 4 bytes) that every context row's address allows: 16 on a packed
+  // cache, 4 on TRITON_ATTN's 260-byte rows (fm_ctx_vec sets it at launch)
+  int ctx_vec;
   int bt_stride;
   int block_size;
   int group;  // G = Hq / Hkv
@@ -118,15 +123,35 @@ struct FmhaPrefillParams {
 };
 
 // Raw bytes of one thread's share of a K/V tile: 32 dims of one key (8 threads per key).
-// kind 1: cache row (32 int8 in k[0..1], v[0..1] and the two scales); kind 2: the chunk's
-// fp16 row (64 bytes in k[0..3], v[0..3]); kind 0: no key (stored as zeros, so P = 0
-// times V stays 0).
+// kind 1: cache row (32 int8 in k[0..1], v[0..1], read with ctx_vec-byte loads, and the
+// two scales); kind 2: the chunk's fp16 row (64 bytes in k[0..3], v[0..3]); kind 0: no key
+// (stored as zeros, so P = 0 times V stays 0).
 struct FmTileRegs {
   uint4 k[4];
   uint4 v[4];
   float ks, vs;
   int kind;
 };
+
+// 32 bytes of a cache row into two uint4 in memory order, with loads of `vec` bytes (the
+// uniform launch choice, so the branch never diverges): the same bytes and sectors on every
+// path, only more load instructions where the rows are 8- or 4-byte aligned.
+__device__ __forceinline__ void fm_load_row32(const int8_t* src, int vec, uint4& a, uint4& b) {
+  if (vec == 16) {
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    a = __ldg(s);
+    b = __ldg(s + 1);
+  } else if (vec == 8) {
+    const uint2* s = reinterpret_cast<const uint2*>(src);
+    const uint2 w0 = __ldg(s), w1 = __ldg(s + 1), w2 = __ldg(s + 2), w3 = __ldg(s + 3);
+    a = make_uint4(w0.x, w0.y, w1.x, w1.y);
+    b = make_uint4(w2.x, w2.y, w3.x, w3.y);
+  } else {
+    const unsigned* s = reinterpret_cast<const unsigned*>(src);
+    a = make_uint4(__ldg(s), __ldg(s + 1), __ldg(s + 2), __ldg(s + 3));
+    b = make_uint4(__ldg(s + 4), __ldg(s + 5), __ldg(s + 6), __ldg(s + 7));
+  }
+}
 
 __device__ __forceinline__ void fm_load_tile(const FmhaPrefillParams& p, int kt, int kvh,
                                              int ctx, int kv_len, int q0, const int* bt,
@@ -139,12 +164,8 @@ __device__ __forceinline__ void fm_load_tile(const FmhaPrefillParams& p, int kt,
     const int off = j % p.block_size;
     const int64_t row = (int64_t)blk * p.cs_block + (int64_t)off * p.cs_token +
                         (int64_t)kvh * p.cs_head + piece * 32;
-    const uint4* kp = reinterpret_cast<const uint4*>(p.k_cache + row);
-    const uint4* vp = reinterpret_cast<const uint4*>(p.v_cache + row);
-    r.k[0] = __ldg(kp);
-    r.k[1] = __ldg(kp + 1);
-    r.v[0] = __ldg(vp);
-    r.v[1] = __ldg(vp + 1);
+    fm_load_row32(p.k_cache + row, p.ctx_vec, r.k[0], r.k[1]);
+    fm_load_row32(p.v_cache + row, p.ctx_vec, r.v[0], r.v[1]);
     const int64_t srow =
         (int64_t)blk * p.ss_block + (int64_t)off * p.ss_token + (int64_t)kvh * p.ss_head;
     r.ks = __ldg(p.k_scale + srow);
@@ -599,6 +620,16 @@ __global__ void __launch_bounds__(256) fmha_tc_peak_kernel(float* __restrict__ o
 }
 
 #ifndef __CUDACC_RTC__
+// The widest context load every row allows: a row starts at base + blk cs_block +
+// tok cs_token + head cs_head (+ 32 piece), so the load width is the largest of 16, 8, 4
+// dividing both bases and all three strides (the binding has checked 4 divides them).
+inline int fm_ctx_vec(const FmhaPrefillParams& p) {
+  const uint64_t bits = reinterpret_cast<uintptr_t>(p.k_cache) |
+                        reinterpret_cast<uintptr_t>(p.v_cache) | (uint64_t)p.cs_block |
+                        (uint64_t)p.cs_token | (uint64_t)p.cs_head;
+  return bits % 16 == 0 ? 16 : bits % 8 == 0 ? 8 : 4;
+}
+
 template <class Arch>
 inline cudaError_t launch_fmha_prefill(const FmhaPrefillParams& p, int batch, int num_kv_heads,
                                        int max_q_len, cudaStream_t stream) {
@@ -610,7 +641,9 @@ inline cudaError_t launch_fmha_prefill(const FmhaPrefillParams& p, int batch, in
   if (e != cudaSuccess) return e;
   const dim3 grid((unsigned)((max_rows + kFmRows - 1) / kFmRows), (unsigned)batch,
                   (unsigned)num_kv_heads);
-  fmha_prefill_kernel<Arch><<<grid, kFmThreads, FmLayout<Arch>::Bytes, stream>>>(p);
+  FmhaPrefillParams lp = p;
+  lp.ctx_vec = fm_ctx_vec(p);
+  fmha_prefill_kernel<Arch><<<grid, kFmThreads, FmLayout<Arch>::Bytes, stream>>>(lp);
   return cudaGetLastError();
 }
 

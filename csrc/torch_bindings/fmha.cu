@@ -29,6 +29,12 @@ void check_rows(const Tensor& t, const char* name, int64_t tokens) {
   check_aligned16(t, name);
 }
 
+// The cache base pointers: the kernel's narrowest context load is one 4-byte word.
+void check_aligned4(const Tensor& t, const char* name) {
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 4 == 0, name,
+              " must be 4-byte aligned (the kernel's narrowest load)");
+}
+
 std::string strides_text(c10::IntArrayRef s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
@@ -66,14 +72,16 @@ Tensor fmha_prefill(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
                   ", Hkv = " + std::to_string(hkv));
   TORCH_CHECK(cache_strides.size() == 3 && scale_strides.size() == 3,
               "cache_strides and scale_strides must be [block, token, head] (3 values each)");
+  // the kernel's narrowest context load is one 4-byte word (TRITON_ATTN's 260-byte rows);
+  // it picks 8- or 16-byte loads itself where bases and strides allow
   for (int64_t s : cache_strides)
-    TORCH_CHECK(s >= 0 && s % 16 == 0,
-                "cache_strides must be non-negative multiples of 16 bytes (16-byte loads), got " +
+    TORCH_CHECK(s >= 0 && s % 4 == 0,
+                "cache_strides must be non-negative multiples of 4 bytes (4-byte loads), got " +
                     strides_text(cache_strides));
   for (int64_t s : scale_strides)
     TORCH_CHECK(s >= 0, "scale_strides must be non-negative, got " + strides_text(scale_strides));
-  check_aligned16(k_cache, "k_cache");
-  check_aligned16(v_cache, "v_cache");
+  check_aligned4(k_cache, "k_cache");
+  check_aligned4(v_cache, "v_cache");
   TORCH_CHECK(block_size >= 1, "block_size must be >= 1, got " + std::to_string(block_size));
   TORCH_CHECK(query_start_loc.dim() == 1 && query_start_loc.is_contiguous() &&
                   query_start_loc.numel() >= 1,

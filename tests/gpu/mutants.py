@@ -276,6 +276,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         ((FMHA, "test_fmha_tc_peak_runs", {}),),  # the control: no attention in it
     ),
+    Mutant(
+        "fmha-ctx-word-loads-off-by-4",
+        "the prefill attention's 4-byte context loads (TRITON_ATTN's 260-byte rows) start 4 "
+        "bytes late: every code shifted by four dims, the last word read from the scale",
+        (Edit("attention/fmha_prefill.cuh", r"reinterpret_cast<const unsigned\*>\(src\)",
+              "reinterpret_cast<const unsigned*>(src + 4)", 1),),
+        (
+            (FMHA, "test_fmha_prefill_on_triton_attn_page",
+             {"q_lens": [129, 1, 300], "hq": 24, "arch": "sm70"}),
+            (FMHA, "test_fmha_prefill_on_triton_attn_page",
+             {"q_lens": [77, 5, 600], "hq": 12, "arch": "native"}),
+        ),
+        # the control: the same kernel on 16-byte-aligned rows (its 16-byte loads)
+        ((FMHA, "test_fmha_prefill_matches_reference",
+          {"q_lens": [129, 1, 300], "hq": 24, "layout": "page", "arch": "sm70"}),),
+    ),
 )
 
 

@@ -32,6 +32,7 @@ pytestmark = [
 
 from gpu_common import arch_paths, poison, record, rel_err  # noqa: E402
 
+from vllm_patch.attention import layout  # noqa: E402
 from vllm_patch.ops import kernels  # noqa: E402
 from vllm_patch.ops import reference_fmha as ref  # noqa: E402
 
@@ -204,7 +205,7 @@ def test_fmha_prefill_refuses_unaligned_cache_strides():
     kc, vc, ks, vs, cs, ss, table = make_cache([20], 4, 16, "heads_outer", gen)
     ctx = torch.tensor([20], dtype=torch.int32, device="cuda")
     with pytest.raises(RuntimeError, match="cache_strides"):
-        kernels.fmha_prefill(q, k, v, kc, vc, ks, vs, (cs[0], 8, cs[2]), ss, table, qsl, ctx,
+        kernels.fmha_prefill(q, k, v, kc, vc, ks, vs, (cs[0], 6, cs[2]), ss, table, qsl, ctx,
                              16, 4, SM_SCALE)
 
 
@@ -216,3 +217,126 @@ def test_fmha_tc_peak_runs():
         kernels.fmha_tc_peak(out, 16, wide=wide)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), wide
+
+
+# ------------------------------------------------------------- TRITON_ATTN's page (260-byte rows)
+# The backend's page (vllm_patch.attention.layout): (num_blocks, 2, block_size, Hkv, 256 + 4)
+# int8, each row's fp32 scale in its last 4 bytes, the block stride the whole 2 x block_size x
+# Hkv x 260-byte page (vLLM's hybrid allocator sizes the attention page and pads the GDN one
+# to it). The rows start only 4-byte aligned, so the kernel reads the context with 4-byte
+# loads there; "padded" adds 4 bytes between blocks (a block stride that is 4-byte aligned
+# only), "row264" has 264-byte rows (the 8-byte loads). Each page is checked against the
+# reference and, bit for bit, against the same codes in the packed 16-byte-aligned layout:
+# the load width must not change a single output bit.
+PAGE_LAYOUTS = {"triton": (260, 0), "padded": (260, 4), "row264": (264, 0)}
+
+
+def make_triton_page(ctxs, hkv, block_size, gen, page_layout="triton", extra_blocks=3,
+                     device="cuda"):
+    """Random per-token-head int8 K/V for each sequence's ctx tokens, in shuffled blocks, in
+    a TRITON_ATTN-style page and in the packed layout: (page, packed, block_table), each of
+    page / packed a tuple (k_cache, v_cache, k_scale, v_scale, cache_strides, scale_strides)
+    for fmha_prefill."""
+    row, pad = PAGE_LAYOUTS[page_layout]
+    need = [math.ceil(c / block_size) for c in ctxs]
+    nb = sum(need) + extra_blocks
+    kf = torch.randn(nb, block_size, hkv, D, device=device, generator=gen)
+    vf = torch.randn(nb, block_size, hkv, D, device=device, generator=gen)
+    kq, ks = ref.quantize_per_token_head(kf)
+    vq, vs = ref.quantize_per_token_head(vf)
+    if page_layout == "triton":  # exactly what the backend hands the op
+        kv = layout.new_page(nb, block_size, hkv, device=device)
+    else:
+        blk = 2 * block_size * hkv * row + pad
+        buf = torch.zeros(nb * blk, dtype=torch.int8, device=device)
+        kv = torch.as_strided(buf, (nb, 2, block_size, hkv, row),
+                              (blk, block_size * hkv * row, hkv * row, row, 1))
+    for half, (codes, scales) in enumerate(((kq, ks), (vq, vs))):
+        kv[:, half, :, :, :D] = codes
+        kv[:, half, :, :, D : D + 4] = scales.contiguous().view(torch.int8).view(
+            nb, block_size, hkv, 4)
+    if page_layout == "triton":
+        k_scale, v_scale = layout.scale_views(kv)  # TRITON_ATTN's own scale views
+        kc, vc, cs, ss = layout.fmha_views(kv, k_scale, v_scale)
+    else:
+        # the scales as fp32 words of the same bytes: word D / 4 of each row
+        words = torch.as_strided(kv, (kv.numel(),), (1,), 0).view(torch.float32)
+        wst = [st // 4 for st in kv.stride()[:4]]
+        k_scale = torch.as_strided(words, (nb, block_size, hkv), (wst[0], wst[2], wst[3]),
+                                   D // 4)
+        v_scale = torch.as_strided(words, (nb, block_size, hkv), (wst[0], wst[2], wst[3]),
+                                   D // 4 + wst[1])
+        kc, vc = kv[:, 0], kv[:, 1]
+        cs = (kv.stride(0), kv.stride(2), kv.stride(3))
+        ss = tuple(k_scale.stride())
+    page = (kc, vc, k_scale, v_scale, cs, ss)
+    packed = (kq.permute(0, 2, 1, 3).contiguous(), vq.permute(0, 2, 1, 3).contiguous(),
+              ks.permute(0, 2, 1).contiguous(), vs.permute(0, 2, 1).contiguous(),
+              (hkv * block_size * D, D, block_size * D), (hkv * block_size, 1, block_size))
+    perm = torch.randperm(nb, device=device, generator=gen).int()
+    table = torch.zeros(len(ctxs), max(*need, 1) + 2, dtype=torch.int32, device=device)
+    start = 0
+    for b, n in enumerate(need):
+        table[b, :n] = perm[start : start + n]
+        start += n
+    return page, packed, table
+
+
+TRITON_CASES = [
+    # (q_lens, ctxs, block_size): contexts ending mid-block, tile-aligned and not
+    ([1], [37], 16),
+    ([129, 1, 300], [45, 1000, 0], 16),
+    ([77, 5, 600], [531, 2, 2113], 528),  # the tiny checkpoint's hybrid block
+    ([256], [1584 + 700], 1584),  # the 27B's hybrid block
+    ([64, 33], [4096 - 64, 17], 528),  # the last chunk of a 4K prompt beside a short one
+]
+TRITON_GQA = [(24, 4), (12, 2)]  # 6:1 at TP=1 and TP=2 (Hkv 4 and 2 per GPU)
+
+
+def run_page_case(q_lens, ctxs, hq, hkv, block_size, page_layout, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, qsl = make_chunk(q_lens, hq, hkv, gen)
+    page, packed, table = make_triton_page(ctxs, hkv, block_size, gen, page_layout)
+    ctx_t = torch.tensor(ctxs, dtype=torch.int32, device="cuda")
+    outs = []
+    for cache in (page, packed):
+        poison(q.shape[0] * hq * D * 2)
+        outs.append(kernels.fmha_prefill(q, k, v, *cache, table, qsl, ctx_t, block_size,
+                                         max(q_lens), SM_SCALE))
+    torch.cuda.synchronize()
+    want = ref.fmha_prefill_reference(q, k, v, *page, table, qsl, ctx_t, block_size, SM_SCALE)
+    return outs[0], outs[1], want
+
+
+@pytest.mark.parametrize("hq,hkv", TRITON_GQA, ids=["gqa6_tp1", "gqa6_tp2"])
+@pytest.mark.parametrize("q_lens,ctxs,block_size", TRITON_CASES)
+def test_fmha_prefill_on_triton_attn_page(q_lens, ctxs, block_size, hq, hkv, arch):
+    seed = sum(q_lens) * 5 + sum(ctxs) + hkv + block_size
+    out, out_packed, want = run_page_case(q_lens, ctxs, hq, hkv, block_size, "triton", seed)
+    assert_close(out, want, ("triton", q_lens, ctxs, block_size, hq, hkv, arch))
+    assert torch.equal(out, out_packed), "the 4-byte loads changed the result"
+
+
+@pytest.mark.parametrize("page_layout", ["padded", "row264"])
+@pytest.mark.parametrize("q_lens,ctxs,block_size", [TRITON_CASES[1], TRITON_CASES[2]])
+def test_fmha_prefill_on_other_row_alignments(q_lens, ctxs, block_size, page_layout, arch):
+    out, out_packed, want = run_page_case(q_lens, ctxs, 24, 4, block_size, page_layout,
+                                          sum(ctxs) + 3)
+    assert_close(out, want, (page_layout, q_lens, ctxs, block_size, arch))
+    assert torch.equal(out, out_packed), f"the {page_layout} loads changed the result"
+
+
+def test_fmha_prefill_refuses_two_byte_aligned_rows():
+    """Strides the narrowest (4-byte) load cannot address are refused with the rule."""
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    q, k, v, qsl = make_chunk([4], 24, 4, gen)
+    page, _packed, table = make_triton_page([20], 4, 16, gen)
+    kc, vc, ks, vs, cs, ss = page
+    ctx = torch.tensor([20], dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="multiples of 4 bytes"):
+        kernels.fmha_prefill(q, k, v, kc, vc, ks, vs, (cs[0], cs[1], 258), ss, table, qsl,
+                             ctx, 16, 4, SM_SCALE)
+    with pytest.raises(RuntimeError, match="4-byte aligned"):
+        two_off = torch.as_strided(kc, kc.shape, kc.stride(), kc.storage_offset() + 2)
+        kernels.fmha_prefill(q, k, v, two_off, vc, ks, vs, cs, ss, table, qsl, ctx, 16, 4,
+                             SM_SCALE)

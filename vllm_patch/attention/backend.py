@@ -15,18 +15,20 @@ buffers and metadata stay vLLM's. What changes:
   `unified_attention` on the same cache (SM70_PREFILL_ATTENTION=triton, the default), or,
   opt-in (cutlass_fmha), torch.ops.sm70.fmha_prefill: the chunk's own K/V as the fp16
   tensors `forward` gets, the earlier context from the page through strides, the context
-  lengths made on the device in `build` (no host sync in `forward`). The op's binding takes
-  only 16-byte-multiple cache strides and this page's rows are 260 bytes, so today the
-  builder refuses cutlass_fmha at start-up (rules.check_prefill_kernel); the routing is
-  proven on the CPU only, with the pure-PyTorch reference standing in for the op.
+  lengths made on the device in `build` (no host sync in `forward`). The op reads this
+  page's 260-byte rows with 4-byte loads (it picks the load width from the strides at
+  launch); the builder still refuses, at start-up, a page whose strides it could not
+  address (rules.check_prefill_kernel). triton stays the default until the GPU A/B
+  (tests/gpu/attention/device_backend_ab.py) has passed on the FMHA route.
 
 CUDA graphs: UNIFORM_BATCH (the GDN builder's level; ALWAYS buys nothing on this model).
 A captured decode graph keeps the split count of its capture, which `build_for_cudagraph_capture`
 sizes for max_model_len (the kernel's schedule reads the lengths on the device at replay).
 
 CALLS counts Python calls per route (a CUDA graph counts once, at capture); with
-`count_on_device(True)` the decode route also adds 1 to a device counter inside the step,
-which graph replays execute too (the A/B reads it to prove our op ran).
+`count_on_device(True)` the decode and FMHA prefill routes also add 1 to a device counter
+of their own inside the step, which graph replays execute too (the A/B reads them to prove
+our ops ran).
 """
 
 from __future__ import annotations
@@ -49,34 +51,46 @@ from vllm_patch.attention import layout, rules
 from vllm_patch.ops import kernels
 from vllm_patch.ops.reference import decode_num_splits
 
-CALLS: dict[str, int] = {"kv_write": 0, "decode": 0, "prefill_triton": 0, "prefill_fmha": 0}
-_device_counts: dict[int, torch.Tensor] = {}
+# prefill_fmha_beside_decode: FMHA prefill calls of steps that also had decode rows
+CALLS: dict[str, int] = {"kv_write": 0, "decode": 0, "prefill_triton": 0, "prefill_fmha": 0,
+                         "prefill_fmha_beside_decode": 0}
+# (route, device index) -> int64 counter on that device; routes "decode", "prefill_fmha"
+_device_counts: dict[tuple[str, int], torch.Tensor] = {}
+DEVICE_ROUTES = ("decode", "prefill_fmha")
 _count_on_device = False
 _lock = threading.Lock()
 
 
 def count_on_device(on: bool, device: torch.device | str | None = None) -> None:
-    """Also count decode launches with a device-side add (seen by CUDA-graph replays). The
-    counter is made here, before any capture: made inside one, its zeroing would be part of
-    the graph and every replay would reset it."""
+    """Also count decode and FMHA prefill launches with a device-side add (seen by
+    CUDA-graph replays). The counters are made here, before any capture: made inside one,
+    their zeroing would be part of the graph and every replay would reset them."""
     global _count_on_device
     _count_on_device = on
     if on:
         dev = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
         with _lock:
-            _device_counts.setdefault(dev.index or 0,
-                                      torch.zeros((), dtype=torch.int64, device=dev))
+            for route in DEVICE_ROUTES:
+                _device_counts.setdefault((route, dev.index or 0),
+                                          torch.zeros((), dtype=torch.int64, device=dev))
+
+
+def device_count(route: str) -> int | None:
+    """Launches of one route ("decode", "prefill_fmha") as the device counted them (None
+    when counting is off)."""
+    ts = [t for (r, _), t in _device_counts.items() if r == route]
+    if not ts:
+        return None
+    return sum(int(t.item()) for t in ts)
 
 
 def device_decode_count() -> int | None:
     """Decode launches as the device counted them (None when counting is off)."""
-    if not _device_counts:
-        return None
-    return sum(int(t.item()) for t in _device_counts.values())
+    return device_count("decode")
 
 
-def _bump_device(device: torch.device) -> None:
-    t = _device_counts.get(device.index or 0)
+def _bump_device(device: torch.device, route: str = "decode") -> None:
+    t = _device_counts.get((route, device.index or 0))
     if t is not None:  # a device count_on_device did not prepare is not counted
         t.add_(1)
 
@@ -280,6 +294,10 @@ class Sm70PagedImpl(TritonAttentionImpl):
             m.max_prefill_query_len, self.scale)
         output[nd:end].copy_(out)
         CALLS["prefill_fmha"] += 1
+        if m.num_decodes:
+            CALLS["prefill_fmha_beside_decode"] += 1
+        if _count_on_device:
+            _bump_device(query.device, "prefill_fmha")
 
 
 class Sm70PagedBackend(TritonAttentionBackend):

@@ -8,8 +8,8 @@ builder sets `reorder_batch_threshold`): the leading requests that all have the 
 length q <= MAX_DECODE_ROWS (1 + k MTP verification rows count as decodes) go to
 `torch.ops.sm70.paged_decode`, the rest (chunked prefill, mixed lengths, a draft cut short
 near max_model_len) to vLLM's own Triton `unified_attention` on the same cache, or, opt-in
-(SM70_PREFILL_ATTENTION=cutlass_fmha), to torch.ops.sm70.fmha_prefill where its stride rule
-allows (check_prefill_kernel).
+(SM70_PREFILL_ATTENTION=cutlass_fmha), to torch.ops.sm70.fmha_prefill on the same page
+(check_prefill_kernel refuses what its stride rule cannot address).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ PREFILL_SETTING = "SM70_PREFILL_ATTENTION"
 PREFILL_TRITON = "triton"  # vLLM's own unified_attention (the default)
 PREFILL_FMHA = "cutlass_fmha"  # torch.ops.sm70.fmha_prefill (opt-in)
 PREFILL_KERNELS = (PREFILL_TRITON, PREFILL_FMHA)
-FMHA_STRIDE_BYTES = 16  # the op loads 16 bytes at a time: cache strides must be multiples
+FMHA_STRIDE_BYTES = 4  # the op's narrowest context load (4-byte words): strides must be multiples
 
 
 class AttentionConfigError(ValueError):
@@ -89,13 +89,13 @@ def fmha_stride_problem(cache_strides: Sequence[int]) -> str | None:
     if not bad:
         return None
     return (f"cache strides {list(cache_strides)} bytes: fmha_prefill takes only multiples "
-            f"of {FMHA_STRIDE_BYTES} (16-byte loads)")
+            f"of {FMHA_STRIDE_BYTES} (its narrowest load is one {FMHA_STRIDE_BYTES}-byte word)")
 
 
 def check_prefill_kernel(kernel: str, cache_strides: Sequence[int]) -> None:
     """Refuse, at start-up, a prefill kernel that is not one of PREFILL_KERNELS, or the FMHA
-    on a page it cannot address (TRITON_ATTN's int8_per_token_head rows are 260 bytes, so
-    its head stride alone breaks the 16-byte rule)."""
+    on a page it cannot address. TRITON_ATTN's int8_per_token_head page (260-byte rows) has
+    strides that are multiples of 4, so the FMHA starts on it (its 4-byte load path)."""
     if kernel not in PREFILL_KERNELS:
         raise AttentionConfigError(f"{PREFILL_SETTING}={kernel}: not one of "
                                    f"{', '.join(PREFILL_KERNELS)}")
@@ -103,7 +103,7 @@ def check_prefill_kernel(kernel: str, cache_strides: Sequence[int]) -> None:
         problem = fmha_stride_problem(cache_strides)
         if problem is not None:
             raise AttentionConfigError(
-                f"{PREFILL_SETTING}={kernel} cannot read TRITON_ATTN's {KV_CACHE_DTYPE} page: "
+                f"{PREFILL_SETTING}={kernel} cannot read this {KV_CACHE_DTYPE} page: "
                 f"{problem} (use {PREFILL_SETTING}={PREFILL_TRITON})")
 
 

@@ -192,9 +192,10 @@ def fmha_prefill(
     earlier tokens in the paged int8 cache and the chunk's keys up to its own position.
     Cache addressing: the int8 of (block, token in block, KV head, dim) is element
     blk * cache_strides[0] + tok * cache_strides[1] + head * cache_strides[2] + dim of
-    k_cache / v_cache (counted from the tensor's first element; the strides are multiples
-    of 16), dequantised as int8 x the fp32 scale at blk * scale_strides[0] +
-    tok * scale_strides[1] + head * scale_strides[2] of k_scale / v_scale: any page layout,
+    k_cache / v_cache (counted from the tensor's first element; the strides and both bases
+    multiples of 4 bytes: the kernel reads 16, 8 or 4 bytes at a time, as they allow),
+    dequantised as int8 x the fp32 scale at blk * scale_strides[0] + tok * scale_strides[1]
+    + head * scale_strides[2] of k_scale / v_scale: any page layout (TRITON_ATTN's too),
     K, V and scales in one page or apart. block_table [>= B, max_blocks] int32 maps token
     j // block_size to its block; query_start_loc [B + 1] and ctx_lens [B] int32 on the
     device; max_q_len (a host int, >= the longest chunk) sizes the grid without a sync.

@@ -5,23 +5,34 @@
    layout_cost.py: the decode's time on the two layouts (what 260-byte rows cost);
    with --decode-bench also bench/bench_attention_decode.py (our decode against vLLM's
    Triton decode on the same int8 page, 4K-262K tokens; recorded, not in the verdict);
+   beside them, with budget, the mutant fmha-ctx-word-loads-off-by-4 (tests/gpu/mutants.py:
+   the FMHA tests on TRITON_ATTN's page must kill it; recorded, not in the verdict);
 2. an A/B on the tiny checkpoint (tests/gpu/ab machinery): stock vLLM 0.22.1 (TRITON_ATTN)
    against ours (the plugin, `--attention-backend CUSTOM`), both on the same fp16 weights so
    the attention backend is the only difference (the fp16 checkpoint has no GPTQ layer, so
-   sm70_gptq does not run; the GDN override is off by default): eager, graphs
-   (FULL_AND_PIECEWISE, capture sizes 1-16), and one pair with prefix caching on (align
-   mode, eager, ours on the Volta m8n8k4 instantiations). Phases: single prompts of 5-33
-   tokens, batch4, the batch16 mix (8 short + 8 chunked long prompts, decodes beside
-   prefill chunks), one ~100-token and one ~3000-token prompt alone.
+   sm70_gptq does not run; the GDN override is off by default). Two sets of sides:
+   - `--set fmha` (the default, four engines): ours with SM70_PREFILL_ATTENTION=cutlass_fmha
+     (plugin config), so prefill chunks run torch.ops.sm70.fmha_prefill on TRITON_ATTN's
+     260-byte-row page, against stock, eager (ours on the Volta m8n8k4 instantiations,
+     prefix caching on for both sides) and graphs (FULL_AND_PIECEWISE, capture sizes 1-16,
+     the H200's own path); fmha_side.py's phases: a ~100-token prompt, a ~4K-token prompt
+     chunked by 1024-token steps, 8 short prompts decoding beside 3 long ones' prefill
+     chunks, and (eager) shared prefixes around the block size. A side passes only if every
+     prefill ran on the FMHA (Python and device counters), none on Triton, and some step
+     mixed decode rows with FMHA prefill rows.
+   - `--set triton` (six engines, the default route): eager, graphs and one pair with prefix
+     caching on (align mode, eager, Volta instantiations); ab_side.py's phases: single
+     prompts of 5-33 tokens, batch4, the batch16 mix, one ~100- and one ~3000-token prompt.
 
-    python3 tests/gpu/attention/device_backend_ab.py --out DIR --budget-s N
+    python3 tests/gpu/attention/device_backend_ab.py --out DIR --budget-s N [--set triton]
 
 Env (the lead's round_call.sh): SM70_AB_TINY (/tmp/ab/tiny, holding fp16/), SM70_SITE,
 SM70_KERNELS_BUILD_DIR, TORCH_CUDA_ARCH_LIST, SM70_GPU_SHARE (this script's share of the GPU
-memory: the six engines split it). Every step writes its JSON when it finishes; a failed
+memory: the set's engines split it). Every step writes its JSON when it finishes; a failed
 step is recorded and the rest go on. summary.json: passed (pytest passed, every comparison
-passed, every ours side ran its attention layers on Sm70PagedBackend and its decode op, every
-stock side on TritonAttentionBackend), the comparisons and the figures behind them.
+passed, every ours side ran its attention layers on Sm70PagedBackend and its decode op, and
+on the fmha set its FMHA prefill as above, every stock side on TritonAttentionBackend), the
+comparisons and the figures behind them.
 """
 
 from __future__ import annotations
@@ -39,38 +50,72 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 AB = ROOT / "tests" / "gpu" / "ab"
+HERE = Path(__file__).resolve().parent
 OURS_CLASS = "vllm_patch.attention.backend.Sm70PagedBackend"
 STOCK_CLASS = "vllm.v1.attention.backends.triton_attn.TritonAttentionBackend"
-PHASES = "single,batch4,batch16,p100,p3000"
+PHASES = "single,batch4,batch16,p100,p3000"  # the triton set's ab_side phases
+MUTANT = "fmha-ctx-word-loads-off-by-4"
+MUTANT_MIN_S = 300  # a whole-extension build, then its tests: not started with less left
 
-# name: (side, mode, extra ab_side arguments); pairs are compared stock -> ours
-SIDES: dict[str, tuple[str, str, list[str]]] = {
-    "stock_eager": ("stock", "eager", []),
-    "ours_eager": ("ours", "eager", ["--attention-backend", "CUSTOM"]),
-    "stock_graphs": ("stock", "graphs", []),
-    "ours_graphs": ("ours", "graphs", ["--attention-backend", "CUSTOM"]),
-    # align mode needs the block (528 tokens on tiny) within one step's tokens
-    "stock_prefix": ("stock", "eager", ["--prefix-caching", "--max-batched", "1024"]),
-    "ours_prefix": ("ours", "eager", ["--prefix-caching", "--max-batched", "1024",
-                                      "--attention-backend", "CUSTOM", "--arch-path", "sm70"]),
+# per set: the side runner and name: (side, mode, extra runner arguments)
+RUNNERS = {"fmha": HERE / "fmha_side.py", "triton": AB / "ab_side.py"}
+SETS: dict[str, dict[str, tuple[str, str, list[str]]]] = {
+    "fmha": {
+        # eager with prefix caching (align mode: the 528-token block within a step)
+        "stock_eager": ("stock", "eager", ["--prefix-caching"]),
+        "fmha_eager": ("ours", "eager", ["--fmha", "--arch-path", "sm70", "--prefix-caching"]),
+        "stock_graphs": ("stock", "graphs", []),
+        "fmha_graphs": ("ours", "graphs", ["--fmha"]),
+    },
+    "triton": {
+        "stock_eager": ("stock", "eager", ["--phases", PHASES]),
+        "ours_eager": ("ours", "eager", ["--phases", PHASES, "--attention-backend", "CUSTOM"]),
+        "stock_graphs": ("stock", "graphs", ["--phases", PHASES]),
+        "ours_graphs": ("ours", "graphs", ["--phases", PHASES, "--attention-backend",
+                                           "CUSTOM"]),
+        # align mode needs the block (528 tokens on tiny) within one step's tokens
+        "stock_prefix": ("stock", "eager", ["--phases", PHASES, "--prefix-caching",
+                                            "--max-batched", "1024"]),
+        "ours_prefix": ("ours", "eager", ["--phases", PHASES, "--prefix-caching",
+                                          "--max-batched", "1024", "--attention-backend",
+                                          "CUSTOM", "--arch-path", "sm70"]),
+    },
 }
-PAIRS = {"eager": ("stock_eager", "ours_eager"), "graphs": ("stock_graphs", "ours_graphs"),
-         "prefix_caching": ("stock_prefix", "ours_prefix")}
+# pairs are compared stock -> ours
+PAIR_SETS = {
+    "fmha": {"fmha_eager": ("stock_eager", "fmha_eager"),
+             "fmha_graphs": ("stock_graphs", "fmha_graphs")},
+    "triton": {"eager": ("stock_eager", "ours_eager"), "graphs": ("stock_graphs", "ours_graphs"),
+               "prefix_caching": ("stock_prefix", "ours_prefix")},
+}
+SIDES = SETS["triton"]  # the names the earlier results use
+PAIRS = PAIR_SETS["triton"]
 
 
-def backend_check(side: dict[str, Any], want: str, ours: bool) -> dict[str, Any]:
+def backend_check(side: dict[str, Any], want: str, ours: bool,
+                  fmha: bool = False) -> dict[str, Any]:
     """Did this side's attention layers run on `want`, and (ours) did our decode op run?
-    A side that fell back to TRITON_ATTN, or never reached our decode, fails."""
+    A side that fell back to TRITON_ATTN, or never reached our decode, fails. fmha: also
+    every prefill on torch.ops.sm70.fmha_prefill (Python and device counters), none on
+    vLLM's Triton, and at least one step with decode rows beside FMHA prefill rows."""
     layers = side.get("attention_layers") or {}
     classes = sorted({k.split(":")[0] for k in layers})
     out: dict[str, Any] = {"classes": classes, "layers": sum(layers.values())}
     ok = bool(layers) and classes == [want]
     if ours:
         calls = side.get("attention_calls") or {}
-        device = side.get("attention_device_decodes")
+        dev_counts = side.get("attention_device") or {}
+        device = dev_counts.get("decode", side.get("attention_device_decodes"))
         out.update(calls=calls, device_decodes=device)
         ok = ok and calls.get("decode", 0) > 0 and calls.get("kv_write", 0) > 0
         ok = ok and device is not None and device > 0
+        if fmha:
+            dev_fmha = dev_counts.get("prefill_fmha")
+            out.update(device_prefill_fmha=dev_fmha, prefill_kernel=side.get("prefill_kernel"))
+            ok = ok and side.get("prefill_kernel") == "cutlass_fmha"
+            ok = ok and calls.get("prefill_fmha", 0) > 0 and calls.get("prefill_triton", 0) == 0
+            ok = ok and calls.get("prefill_fmha_beside_decode", 0) > 0
+            ok = ok and dev_fmha is not None and dev_fmha > 0
     out["ok"] = ok
     return out
 
@@ -88,23 +133,41 @@ def junit_counts(path: Path) -> dict[str, Any]:
 
 
 def verdict(pytest_res: dict[str, Any] | None, checks: dict[str, dict[str, Any]],
-            comparisons: dict[str, dict[str, Any]]) -> bool:
-    """passed: the GPU tests passed with none skipped, every pair compared and passed, and
-    every side ran on the backend it should."""
+            comparisons: dict[str, dict[str, Any]], which: str = "triton") -> bool:
+    """passed: the GPU tests passed with none skipped, every pair of the set compared and
+    passed, and every side of the set ran on the backend it should."""
     tests_ok = (pytest_res is not None and pytest_res.get("rc") == 0
                 and pytest_res.get("tests", 0) > 0 and pytest_res.get("skipped", 1) == 0)
-    pairs_ok = set(comparisons) == set(PAIRS) and all(c.get("passed") for c in
-                                                       comparisons.values())
-    sides_ok = set(checks) == set(SIDES) and all(c["ok"] for c in checks.values())
+    pairs_ok = set(comparisons) == set(PAIR_SETS[which]) and all(
+        c.get("passed") for c in comparisons.values())
+    sides_ok = set(checks) == set(SETS[which]) and all(c["ok"] for c in checks.values())
     return bool(tests_ok and pairs_ok and sides_ok)
 
 
-def side_util(share: float) -> float:
+def side_util(share: float, engines: int = len(SIDES)) -> float:
     """gpu_memory_utilization of one engine: the script's share over its engines."""
     # three quarters: the kernel tests run beside the engines (their references at 262K
     # tokens hold a few GB); with kv_cache_memory_bytes set, vLLM only checks that this
     # much is free at start-up
-    return round(max(0.03, min(0.18, 0.75 * share / len(SIDES))), 3)
+    return round(max(0.03, min(0.18, 0.75 * share / engines)), 3)
+
+
+def side_command(which: str, name: str, model: Path, out: Path, util: float) -> list[str]:
+    """The runner command of one side of a set."""
+    side, mode, extra = SETS[which][name]
+    return [sys.executable, str(RUNNERS[which]), "--side", side, "--mode", mode,
+            "--model", str(model), "--out", str(out / "sides" / f"{name}.json"),
+            "--util", str(util), "--kv-gib", "1", *extra]
+
+
+def mutant_result(path: Path) -> dict[str, Any]:
+    """The mutant run's verdict from mutants.py's JSON (a list of one entry)."""
+    try:
+        (entry,) = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return {"killed": None, "error": f"{type(exc).__name__}: {exc}"}
+    return {"killed": bool(entry.get("ok")), "checks": entry.get("checks"),
+            "error": entry.get("error")}
 
 
 def main() -> int:
@@ -115,14 +178,20 @@ def main() -> int:
     ap.add_argument("--skip-ab", action="store_true")
     ap.add_argument("--decode-bench", action="store_true",
                     help="also run bench/bench_attention_decode.py (ours vs Triton decode)")
+    ap.add_argument("--set", choices=sorted(SETS), default="fmha", dest="which",
+                    help="fmha: ours with SM70_PREFILL_ATTENTION=cutlass_fmha (4 engines); "
+                    "triton: the default prefill route with prefix caching (6 engines)")
+    ap.add_argument("--skip-mutant", action="store_true")
     a = ap.parse_args()
+    sides_of, pairs_of = SETS[a.which], PAIR_SETS[a.which]
     t0 = time.time()
     deadline = t0 + a.budget_s - 25  # leave time to compare and write
     out: Path = a.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "sides").mkdir(exist_ok=True)
     summary: dict[str, Any] = {"passed": None, "started": time.strftime(
-        "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "budget_s": a.budget_s, "errors": {}}
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "budget_s": a.budget_s, "set": a.which,
+        "errors": {}}
 
     def flush() -> None:
         summary["elapsed_s"] = round(time.time() - t0, 1)
@@ -139,15 +208,15 @@ def main() -> int:
 
         tiny = Path(os.environ.get("SM70_AB_TINY", "/tmp/ab/tiny"))
         share = float(os.environ.get("SM70_GPU_SHARE", "0.3"))
-        util = side_util(share)
+        util = side_util(share, len(sides_of))
         summary["engine"] = {"checkpoint": str(tiny / "fp16"), "util_each": util,
-                             "kv_gib": 1, "phases": PHASES}
+                             "kv_gib": 1, "runner": RUNNERS[a.which].name,
+                             "phases": PHASES if a.which == "triton"
+                             else "p100,p4k,mix (+prefix on the eager pair)"}
         if not a.skip_ab:
-            for name, (side, mode, extra) in SIDES.items():
-                cmd = [sys.executable, str(AB / "ab_side.py"), "--side", side, "--mode", mode,
-                       "--model", str(tiny / "fp16"), "--out", str(out / "sides" / f"{name}.json"),
-                       "--phases", PHASES, "--util", str(util), "--kv-gib", "1", *extra]
-                env = side_env(side, {"VLLM_CACHE_ROOT": f"/tmp/vc_attn_{name}"})
+            for name, (side, _mode, _extra) in sides_of.items():
+                cmd = side_command(a.which, name, tiny / "fp16", out, util)
+                env = side_env(side, {"VLLM_CACHE_ROOT": f"/tmp/vc_attn_{a.which}_{name}"})
                 logs[name] = open(out / f"{name}.log", "w")  # noqa: SIM115 (closed below)
                 procs[name] = subprocess.Popen(cmd, env=env, stdout=logs[name],
                                                stderr=subprocess.STDOUT, cwd="/tmp")
@@ -157,6 +226,20 @@ def main() -> int:
         summary["errors"]["ab_start"] = f"{type(exc).__name__}: {exc}"
         summary["errors"]["ab_start_tb"] = traceback.format_exc()[-3000:]
         flush()
+
+    # 0. the FMHA context-load mutant, built at low priority beside everything else
+    mutant: subprocess.Popen | None = None
+    mutant_log = None
+    if not a.skip_mutant and deadline - time.time() > MUTANT_MIN_S:
+        try:
+            menv = dict(os.environ, SM70_MUTANTS_DIR="/tmp/sm70_mutants_attn")
+            mutant_log = open(out / "mutant.log", "w")  # noqa: SIM115 (closed below)
+            mutant = subprocess.Popen(
+                ["nice", "-n", "15", sys.executable, str(ROOT / "tests/gpu/mutants.py"),
+                 "--only", MUTANT, "--jobs", "2", "--out", str(out / "mutant.json")],
+                cwd=ROOT, env=menv, stdout=mutant_log, stderr=subprocess.STDOUT)
+        except Exception as exc:
+            summary["errors"]["mutant_start"] = f"{type(exc).__name__}: {exc}"
 
     # 1. the kernel tests, beside the engines' start-up (they need little GPU memory)
     pytest_res: dict[str, Any] | None = None
@@ -193,7 +276,8 @@ def main() -> int:
                                check=False)
             cost = json.loads((out / "layout_cost.json").read_text())
             summary["layout_cost"] = {"rc": r.returncode, "errors": cost.get("errors"),
-                                      "rows": cost.get("rows")}
+                                      "rows": cost.get("rows"),
+                                      "fmha_rows": cost.get("fmha_rows")}
         except Exception as exc:
             summary["layout_cost"] = {"error": f"{type(exc).__name__}: {exc}"}
         flush()
@@ -227,6 +311,18 @@ def main() -> int:
             summary["errors"][name] = "killed at the budget"
         logs[name].close()
     summary["side_rc"] = {n: p.returncode for n, p in procs.items()}
+    if mutant is not None:
+        try:
+            mutant.wait(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            mutant.kill()
+            mutant.wait()
+            summary["errors"]["mutant"] = "killed at the budget"
+        if mutant_log is not None:
+            mutant_log.close()
+        summary["mutant"] = {"name": MUTANT, "rc": mutant.returncode,
+                             **mutant_result(out / "mutant.json")}
+        flush()
     try:
         from compare import compare_sides
 
@@ -239,16 +335,25 @@ def main() -> int:
                 sides[name] = {"error": f"no output: {exc}"}
         summary["sides"] = {n: {k: s.get(k) for k in (
             "error", "startup_s", "total_s", "cudagraph_mode", "capture_sizes", "arch_path",
-            "attention_layers", "attention_calls", "attention_device_decodes", "plugin",
-            "phase_seconds", "max_memory_allocated")} for n, s in sides.items()}
+            "attention_layers", "attention_calls", "attention_device_decodes",
+            "attention_device", "prefill_kernel", "block_size", "plugin", "phase_seconds",
+            "max_memory_allocated")} for n, s in sides.items()}
         for n, s in sides.items():
             if s.get("traceback"):
                 summary["sides"][n]["traceback"] = s["traceback"][-2500:]
-        checks = {n: backend_check(s, OURS_CLASS if SIDES[n][0] == "ours" else STOCK_CLASS,
-                                   SIDES[n][0] == "ours") for n, s in sides.items()}
+        checks = {n: backend_check(s, OURS_CLASS if sides_of[n][0] == "ours" else STOCK_CLASS,
+                                   sides_of[n][0] == "ours", a.which == "fmha")
+                  for n, s in sides.items()}
         summary["backend_checks"] = checks
+        if a.which == "fmha":  # the evidence that our FMHA op ran, side by side
+            summary["fmha_evidence"] = {
+                n: {k: c.get(k) for k in ("prefill_kernel", "device_prefill_fmha",
+                                          "device_decodes")}
+                | {k: (c.get("calls") or {}).get(k) for k in (
+                    "prefill_fmha", "prefill_fmha_beside_decode", "prefill_triton")}
+                for n, c in checks.items() if sides_of[n][0] == "ours"}
         comps: dict[str, dict[str, Any]] = {}
-        for pair, (ref, sut) in PAIRS.items():
+        for pair, (ref, sut) in pairs_of.items():
             if ref in sides and sut in sides and not sides[ref].get("error") \
                     and not sides[sut].get("error"):
                 comps[pair] = compare_sides(sides[ref], sides[sut])
@@ -261,7 +366,7 @@ def main() -> int:
         summary["per_request"] = {
             k: {ph: [{kk: r[kk] for kk in ("prompt_len", "equal", "max_abs_dlogprob")}
                      for r in rs] for ph, rs in v["phases"].items()} for k, v in comps.items()}
-        summary["passed"] = verdict(pytest_res, checks, comps)
+        summary["passed"] = verdict(pytest_res, checks, comps, a.which)
     except Exception as exc:
         summary["errors"]["compare"] = f"{type(exc).__name__}: {exc}"
         summary["errors"]["compare_tb"] = traceback.format_exc()[-3000:]

@@ -1,6 +1,7 @@
-"""What TRITON_ATTN's 260-byte rows cost the paged decode: the same cache content read
-through the packed layout (16-byte aligned rows, one 16-byte load per loader thread) and
-through TRITON_ATTN's page (4-byte aligned rows, four 4-byte loads), timed with CUDA events.
+"""What TRITON_ATTN's 260-byte rows cost the paged decode and the FMHA prefill: the same
+cache content read through the packed layout (16-byte aligned rows, 16-byte loads) and
+through TRITON_ATTN's page (4-byte aligned rows, 4-byte loads of the same bytes), timed with
+CUDA events. FMHA rows: one chunk after a context, in the tiny checkpoint's 528-token blocks.
 
     python3 tests/gpu/attention/layout_cost.py --out FILE [--quick]
 
@@ -25,6 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 CASES = [(4096, 1, 1), (65536, 1, 1), (262144, 1, 1), (4096, 16, 4), (32768, 16, 1)]
 QUICK = [(4096, 1, 1), (65536, 1, 1), (4096, 16, 4)]
+FMHA_CASES = [(3072, 1024), (14336, 2048)]  # (context, chunk) of one sequence
+FMHA_QUICK = [(3072, 1024)]
 
 
 def caches(ctx: int, batch: int, gen: Any) -> tuple[list[Any], list[Any]]:
@@ -48,6 +51,38 @@ def caches(ctx: int, batch: int, gen: Any) -> tuple[list[Any], list[Any]]:
     for dst, src in zip(views, (k, v, ks, vs), strict=True):
         dst.copy_(src)
     return [k, v, ks, vs, tables, seq], [*views, tables, seq]
+
+
+def fmha_inputs(ctx: int, q_len: int, gen: Any) -> tuple[list[Any], list[Any]]:
+    """The fmha_prefill arguments (q .. max_q_len) for the packed cache and for TRITON_ATTN's
+    page holding the same codes and scales."""
+    import torch
+
+    from vllm_patch.attention import layout
+
+    bs, hkv, hq = 528, 2, 12
+    nb = math.ceil(ctx / bs) + 1
+    k = torch.randint(-127, 128, (nb, hkv, bs, 256), dtype=torch.int8, device="cuda",
+                      generator=gen)
+    v = torch.randint(-127, 128, (nb, hkv, bs, 256), dtype=torch.int8, device="cuda",
+                      generator=gen)
+    ks = torch.rand(nb, hkv, bs, device="cuda", generator=gen) * 0.02 + 1e-3
+    vs = torch.rand(nb, hkv, bs, device="cuda", generator=gen) * 0.02 + 1e-3
+    page = layout.new_page(nb, bs, hkv, "cuda")
+    pk, pv = layout.scale_views(page)
+    for dst, src in zip(layout.op_views(page, pk, pv), (k, v, ks, vs), strict=True):
+        dst.copy_(src)
+    kc, vc, cs, ss = layout.fmha_views(page, pk, pv)
+    q = torch.randn(q_len, hq, 256, device="cuda", generator=gen).half()
+    kn = torch.randn(q_len, hkv, 256, device="cuda", generator=gen).half()
+    vn = torch.randn(q_len, hkv, 256, device="cuda", generator=gen).half()
+    table = torch.randperm(nb, device="cuda", generator=gen).int().view(1, -1)
+    qsl = torch.tensor([0, q_len], dtype=torch.int32, device="cuda")
+    ctx_t = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+    tail = [table, qsl, ctx_t, bs, q_len]
+    packed = [q, kn, vn, k, v, ks, vs, (hkv * bs * 256, 256, bs * 256), (hkv * bs, 1, bs),
+              *tail]
+    return packed, [q, kn, vn, kc, vc, pk, pv, cs, ss, *tail]
 
 
 def time_pair(fa: Any, fb: Any, reps: int) -> tuple[float, float]:
@@ -85,14 +120,30 @@ def measure(packed: list[Any], triton: list[Any], q: Any, qn: int, splits: int,
     return tp, tt, bool(torch.equal(outs["p"], outs["t"]))
 
 
+def measure_fmha(packed: list[Any], triton: list[Any], reps: int) -> tuple[float, float, bool]:
+    """(packed us, triton us, bit-identical outputs) of fmha_prefill on the two layouts."""
+    import torch
+
+    from vllm_patch.ops import kernels
+
+    outs: dict[str, Any] = {}
+
+    def run(args: list[Any], tag: str) -> None:
+        outs[tag] = kernels.fmha_prefill(*args, 0.0625)
+
+    tp, tt = time_pair(lambda: run(packed, "p"), lambda: run(triton, "t"), reps)
+    return tp, tt, bool(torch.equal(outs["p"], outs["t"]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--reps", type=int, default=30)
     a = ap.parse_args()
-    res: dict[str, Any] = {"rows": [], "errors": [], "note": "medians of alternated runs; "
-                           "the GPU may be shared with other work"}
+    res: dict[str, Any] = {"rows": [], "fmha_rows": [], "errors": [],
+                           "note": "medians of alternated runs; the GPU may be shared with "
+                           "other work"}
     t0 = time.time()
     try:
         import torch
@@ -121,6 +172,20 @@ def main() -> int:
                     del packed, triton
                 except Exception as exc:  # one case's failure keeps the others
                     res["errors"].append(f"{path} {ctx}x{batch}x{qn}: {type(exc).__name__}: {exc}")
+                a.out.write_text(json.dumps(res, indent=1))
+            for ctx, q_len in (FMHA_QUICK if a.quick else FMHA_CASES):
+                try:
+                    fp, ft = fmha_inputs(ctx, q_len, gen)
+                    tp, tt, same = measure_fmha(fp, ft, max(5, a.reps // 3))
+                    res["fmha_rows"].append({
+                        "arch_path": path, "context": ctx, "chunk": q_len,
+                        "packed_us": round(tp, 2), "triton_us": round(tt, 2),
+                        "triton_over_packed": round(tt / tp, 4), "same_output": same,
+                    })
+                    del fp, ft
+                except Exception as exc:  # one case's failure keeps the others
+                    res["errors"].append(f"fmha {path} {ctx}+{q_len}: "
+                                         f"{type(exc).__name__}: {exc}")
                 a.out.write_text(json.dumps(res, indent=1))
         kernels.set_arch_path("native")
     except Exception as exc:
