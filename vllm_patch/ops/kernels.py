@@ -167,6 +167,30 @@ def gdn_conv1d_prefill(
     )
 
 
+def gdn_chunk_prefill(
+    qkv: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    state: Tensor,
+    query_start_loc: Tensor,
+    state_indices: Tensor,
+    has_initial_state: Tensor | None,
+    num_k_heads: int,
+    scale: float,
+) -> Tensor:
+    """Gated DeltaNet prefill of varlen sequences, chunked on tensor cores: out [T, HV, 128]
+    fp16 from the conv output qkv [T, 2 H 128 + HV 128] and gates a, b [T, HV]; sequence n
+    starts from the float32 state [slots, HV, 128, 128] at slot state_indices[n] ([N], or
+    column 0 of [N, S]) where has_initial_state[n] (zeros otherwise) and leaves its final
+    state there (reference_gdn.gdn_prefill_reference defines it)."""
+    return _ops().gdn_chunk_prefill(
+        qkv, a, b, A_log, dt_bias, state, query_start_loc, state_indices, has_initial_state,
+        num_k_heads, scale,
+    )
+
+
 def fmha_prefill(
     q: Tensor,
     k: Tensor,
