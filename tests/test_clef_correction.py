@@ -157,6 +157,14 @@ rows.set_batch([0, 2, 5, 6], [False, False, False], 8)
 out["mask_after_chat"] = rows.mask_for(8, torch.device("cpu")).tolist()
 out["any_after_chat"] = rows.any_clef
 out["bad_layout"] = refusal(lambda: rows.set_batch([0, 9], [True], 8))
+# a shorter chat batch after a Clef one clears the Clef rows beyond it too (a graph padded
+# to 8 rows reads them); chat after chat copies nothing (a marker byte survives)
+rows.set_batch([0, 8], [True], 8)
+rows.set_batch([0, 4], [False], 4)
+out["mask_shorter_chat"] = rows.mask[:8].tolist()
+rows.mask[6] = 7
+rows.set_batch([0, 3], [False], 3)
+out["marker_after_chat_chat"] = int(rows.mask[6])
 print(json.dumps(out))
 '''
 
@@ -200,3 +208,9 @@ def test_the_batch_mask_is_rewritten_every_batch(result: dict) -> None:
     assert result["mask_after_chat"] == [0] * 8
     assert result["any_after_chat"] is False
     assert "9 scheduled tokens exceed its 8 rows" in result["bad_layout"]
+
+
+def test_a_shorter_chat_batch_clears_stale_clef_rows_and_chat_after_chat_copies_nothing(
+        result: dict) -> None:
+    assert result["mask_shorter_chat"] == [0] * 8
+    assert result["marker_after_chat_chat"] == 7

@@ -64,6 +64,7 @@ def register() -> dict[str, Any]:
         report["quantization"] = _register_quantization(config)
         report["prompt_logprobs"] = _install_prompt_logprobs(config)
         report["gdn_layer"] = _register_gdn_layer(config)
+        report["ngram_assist"] = _install_ngram_assist(config)
         _state.update(report)
         logger.info("sm70 plugin registered: custom ops %s, attention backend %s, "
                     "quantization %s", report["custom_ops"], report["attention_backend"],
@@ -174,3 +175,16 @@ def _install_prompt_logprobs(config: Any) -> str:
     from vllm_patch.logprobs import runner_patch
 
     return runner_patch.install_when_imported(config.logprobs.prompt_chunk)
+
+
+def _install_ngram_assist(config: Any) -> str:
+    """R6 of runtime_patches/README.md: armed when `spec.ngram_assist` is on; the wrapper
+    acts only in runners whose speculative method is MTP (the method is vLLM's config,
+    which no plugin process has when `register()` runs), others get vLLM's drafts."""
+    if not config.spec.ngram_assist:
+        return "off (spec.ngram_assist is false)"
+    if importlib.util.find_spec("vllm") is None:
+        return "absent (vLLM not installed)"
+    from vllm_patch.spec_decode import runner_hook
+
+    return runner_hook.install_when_imported(config.spec)

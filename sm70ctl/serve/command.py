@@ -199,6 +199,7 @@ def run_serve(
     from sm70ctl.runtime.port_lock import port_lock
     from sm70ctl.runtime.secrets import secrets_file
     from sm70ctl.secrets import secret_values
+    from sm70ctl.serve.clef_args import clef_argv
     from sm70ctl.serve.preflight import failures, run_checks
 
     out = Output(json_mode)
@@ -215,7 +216,7 @@ def run_serve(
     # inherited secret-named variable holds (VLLM_API_KEY, HF_TOKEN...).
     secrets = secret_values(environ, extra=[s.get_secret_value() for s in
                                             (settings.api_key, settings.hf_token) if s])
-    argv = vllm_argv(settings)
+    argv = vllm_argv(settings) + clef_argv(settings)
     shown_argv = redact_argv(argv)
 
     if dry_run:
@@ -275,7 +276,8 @@ def run_serve(
         old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
         try:
             with secrets_file(settings) as secrets_path:
-                argv = vllm_argv(settings, secrets_file=secrets_path)
+                argv = vllm_argv(settings, secrets_file=secrets_path) + clef_argv(
+                    settings)
                 return _launch(settings, out, argv, env, environ, secrets, restart, doc,
                                lock.path, stop, received)
         finally:

@@ -78,6 +78,7 @@ def jobs(py: str) -> list[Job]:
         script("tests/gpu/fmha/device_fmha.py", "fmha", {"ops"}, 0.04),
         script("tests/gpu/gdn_chunk/device_gdn_chunk.py", "gdn_chunk", {"ops"}, 0.04),
         script("tests/gpu/clef/device_clef.py", "clef", {"ops"}, 0.04),
+        script("tests/gpu/clef/device_clef_vllm.py", "clef_vllm", {"ops", "tiny", "warm"}, 0.12),
         script("tests/gpu/attention/device_backend_ab.py", "backend", {"ops", "tiny", "warm"},
                0.2),
         script("tests/gpu/gdn/device_gdn.py", "gdn", {"ops", "tiny", "warm"}, 0.15),
@@ -86,8 +87,27 @@ def jobs(py: str) -> list[Job]:
         script("tests/gpu/serving/device_openai.py", "openai", {"ops", "tiny", "warm"}, 0.07),
         script("tests/gpu/serving/device_draft_int8.py", "draft_int8", {"ops", "tiny", "warm"},
                0.08),
+        script("tests/gpu/serving/device_assist.py", "assist", {"ops", "tiny", "warm"}, 0.08),
         script("tests/gpu/logprobs/device_logprobs.py", "logprobs", {"ops", "slice", "warm"},
                0.28),
+        # which of speculation, prefix caching and our stack loses tokens (issue 24 item 2)
+        script("tests/gpu/serving/device_spec_diag.py", "spec_diag", {"ops", "tiny", "warm"},
+               0.16),
+        # the real-shape slice A/B with the decode / prefill bench and the CUPTI op split;
+        # it needs no warm-up engine (its own shapes), so it starts as soon as its
+        # checkpoint exists
+        Job("slice_bench", ["bash", "-c", f"{py} {AB}/run_ab.py --shape slice --out $OUT "
+                            "--budget-s 470 --modes graphs --side-args '--max-len 33792 "
+                            "--max-batched 2048 --kv-gib 8 --util 0.25 --bench --quick-bench "
+                            "--profile --phases single,batch16' ; "
+                            f"{py} {ROOT}/bench/bench_vllm_decode.py $OUT/sides_slice.json "
+                            "--out $OUT/h200_vllm_decode.json ; "
+                            f"{py} {ROOT}/bench/profile_vllm_ops.py $OUT/sides_slice.json "
+                            "--out $OUT/h200_vllm_op_split.json"],
+            {"ops", "slice"}, 0.5, own_args=True),
+        Job("attn_decode_bench", ["bash", "-c", f"{py} {ROOT}/bench/bench_attention_decode.py "
+                                  "--out $OUT/h200_attention_decode.json"],
+            {"ops"}, 0.1, own_args=True),
         # the tiny A/B with our side on the Volta m8n8k4 instantiations (set_arch_path)
         Job("ab_tiny_sm70", [py, str(AB / "run_ab.py"), "--shape", "tiny", "--side-args",
                              "--arch-path sm70 --util 0.03 --kv-gib 1"],

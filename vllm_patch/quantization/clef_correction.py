@@ -77,6 +77,9 @@ class ClefRows:
     any_clef: bool = False
     rows: int = 0
     captured: bool = False
+    # rows [dirty:] of the buffer are known zero: a chat-only step after a chat-only step
+    # copies nothing to the device
+    dirty: int = 0
 
     def reserve(self, rows: int, device: torch.device) -> torch.Tensor:
         m = self.mask
@@ -88,6 +91,7 @@ class ClefRows:
                             f"graphs read holds {held} (it is sized from "
                             "max_num_batched_tokens before capture and cannot move after)")
         self.mask = torch.zeros(max(rows, DEFAULT_ROWS), dtype=torch.uint8, device=device)
+        self.dirty = 0
         return self.mask
 
     def set_batch(self, query_start_loc: Sequence[int], is_clef: Sequence[bool],
@@ -97,10 +101,18 @@ class ClefRows:
         ranges = clef_token_ranges(query_start_loc, is_clef, num_tokens)
         dev = device or (self.mask.device if self.mask is not None else torch.device("cuda"))
         buf = self.reserve(num_tokens, dev)
-        if num_tokens:
-            host = torch.frombuffer(bytearray(row_mask_bytes(ranges, num_tokens)),
-                                    dtype=torch.uint8)
-            buf[:num_tokens].copy_(host)
+        span = max(num_tokens, self.dirty)
+        if span and (ranges or self.dirty):
+            host = torch.frombuffer(bytearray(row_mask_bytes(ranges, span)), dtype=torch.uint8)
+            if buf.device.type == "cuda":
+                # pinned and non-blocking: a pageable copy would wait for the stream, i.e.
+                # for the step still running under async scheduling; the stream orders the
+                # copy after that step's reads, and torch's pinned pool keeps `host` until
+                # the copy has run
+                buf[:span].copy_(host.pin_memory(), non_blocking=True)
+            else:
+                buf[:span].copy_(host)
+        self.dirty = ranges[-1][1] if ranges else 0
         self.any_clef = bool(ranges)
         self.rows = num_tokens
 
@@ -366,11 +378,29 @@ def served_source() -> ClefSource | None:
             budget = getattr(vcfg.scheduler_config, "max_num_batched_tokens", None)
             ROWS.reserve(max(int(budget or 0), DEFAULT_ROWS), torch.device(
                 "cuda", torch.cuda.current_device()))
-            src = source_from_folder(Path(cfg.dir).expanduser(), hf, cfg.rank,
+            folder = Path(cfg.dir).expanduser()
+            device = torch.device("cuda", torch.cuda.current_device())
+            src = source_from_folder(folder, hf, cfg.rank,
                                      get_tensor_model_parallel_world_size(),
                                      get_tensor_model_parallel_rank())
+            # the head is loaded with the corrections, while the weights load, so vLLM's
+            # memory profile counts it; the runner hook (R6) marks Clef rows per step
+            from vllm_patch.clef.head_forward import head_from_folder
+            from vllm_patch.clef.runner_hook import install
+
+            _head.append(head_from_folder(folder, hf, cfg.rank, device))
+            _hook.append(install())
         _source.append(src)
         return src
+
+
+_head: list[Any] = []
+_hook: list[str] = []
+
+
+def served_head() -> Any:
+    """The scoring head of this worker (None unless `served_source` loaded Clef)."""
+    return _head[0] if _head else None
 
 
 def attach(layer: torch.nn.Module, prefix: str, output_size: int, input_size: int,

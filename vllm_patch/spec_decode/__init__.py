@@ -1,6 +1,8 @@
 """Speculative decoding on sm_70: the n-gram assist next to MTP (docs/spec_decode.md).
 
-`ngram` is the proposer's definition (pure Python, the reference), `ngram_batch` its
-vectorised torch form for the model runner, `chooser` the per-request pick between MTP and
-n-gram by measured acceptance. Nothing here is wired into vLLM yet.
+`ngram` is the proposer's definition (pure Python, the reference), `batch` its vectorised
+torch form, `chooser` the per-request pick between MTP and n-gram by measured acceptance,
+`assist` the per-request state the model runner keeps, and `runner_hook` the wrapper around
+vLLM 0.22.1's `GPUModelRunner.propose_draft_token_ids` that applies it (runtime patch
+R-ASSIST; armed by the plugin when `spec.ngram_assist` is on).
 """

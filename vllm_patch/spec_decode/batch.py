@@ -82,3 +82,37 @@ def assist(mtp_drafts: torch.Tensor, ngram_drafts: torch.Tensor,
            use_ngram: torch.Tensor) -> torch.Tensor:
     """[B, k] drafts: the n-gram row where `use_ngram`, MTP's elsewhere; every row keeps k."""
     return torch.where(use_ngram.unsqueeze(1), ngram_drafts, mtp_drafts)
+
+
+def valid_counts(sampled: torch.Tensor, discard: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B] tokens the verifier produced per row: the leading valid ids of `sampled` ([B, W],
+    rejected positions hold -1), 0 for rows vLLM discards (a prefill chunk that is not the
+    prompt's last samples nothing real)."""
+    ok = (sampled >= 0) & (sampled < vocab_size)
+    lead = torch.cumprod(ok.to(torch.int32), dim=1).sum(dim=1)
+    return torch.where(discard, torch.zeros_like(lead), lead)
+
+
+def draft_match(drafts: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
+    """[B] leading draft tokens equal to what the verifier produced at the same positions
+    (`ngram.accepted_prefix` per row; -1 in `sampled` never matches an id)."""
+    k = drafts.shape[1]
+    width = sampled.shape[1]
+    if width < k:  # a step that verified no drafts: nothing to compare with
+        pad = torch.full((sampled.shape[0], k - width), -1, dtype=sampled.dtype,
+                         device=sampled.device)
+        sampled = torch.cat([sampled, pad], dim=1)
+    same = drafts.to(torch.long) == sampled[:, :k].to(torch.long)
+    return torch.cumprod(same.to(torch.int32), dim=1).sum(dim=1)
+
+
+def step_samples(valid: torch.Tensor, used_ngram: torch.Tensor, mtp_match: torch.Tensor,
+                 ngram_match: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accepted tokens per row for (MTP, n-gram) on a verified step: the chosen method's is
+    the verifier's count (valid - 1), the other's its counterfactual (`chooser.counterfactual`:
+    the common prefix with the produced tokens, which `draft_match` already caps at k and at
+    valid since the positions past it hold -1)."""
+    accepted = (valid - 1).clamp(min=0).to(torch.float32)
+    mtp = torch.where(used_ngram, mtp_match.to(torch.float32), accepted)
+    ngram = torch.where(used_ngram, accepted, ngram_match.to(torch.float32))
+    return mtp, ngram

@@ -1,0 +1,88 @@
+"""The verdicts of tests/gpu/clef/device_clef_vllm.py on made-up engine results: each check
+passes on good figures and fails on the failure it exists for (pure: no torch, no vLLM)."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+for p in (HERE / "gpu" / "clef", HERE / "gpu" / "ab"):
+    sys.path.insert(0, str(p))
+
+import device_clef_vllm as d  # noqa: E402
+
+N = len(d.LENGTHS)
+
+
+def row(lps: list[float], toks: tuple[int, ...] = (1, 2, 3), margin: float = 1.0) -> dict:
+    return {"prompt_len": 5, "tokens": list(toks), "logprobs": lps,
+            "top2": [[t, lp, 0, lp - margin] for t, lp in zip(toks, lps, strict=True)]}
+
+
+def results(clef_shift: float = 0.4, merged_off: float = 0.005,
+            chat_change: float = 0.0) -> dict[str, Any]:
+    only = [row([-0.5, -0.6, -0.7]) for _ in range(N)]
+    mixed = copy.deepcopy(only)
+    for i in d.CLEF_IDX:
+        mixed[i] = row([-0.5 - clef_shift, -0.6, -0.7 + clef_shift])
+    mixed[d.CHAT_IDX[0]]["logprobs"][0] += chat_change
+    merged = [row([-0.5 - clef_shift + merged_off, -0.6, -0.7 + clef_shift])
+              for _ in range(N)]
+    base16 = [row([-0.501, -0.6, -0.7]) for _ in range(N)]
+    return {"ours": {"phases": {"chat_first": copy.deepcopy(only), "mixed": mixed,
+                                "chat_only": only}},
+            "merged": {"phases": {"all": merged}}, "base16": {"phases": {"all": base16}}}
+
+
+def test_good_figures_pass() -> None:
+    r = results()
+    assert d.check_chat_bits(r["ours"])["passed"]
+    assert d.check_clef_vs_merged(r["ours"], r["merged"], r["base16"])["passed"]
+
+
+def test_a_chat_row_off_by_one_ulp_fails_the_bit_check() -> None:
+    assert not d.check_chat_bits(results(chat_change=1e-12)["ours"])["passed"]
+
+
+def test_an_unapplied_correction_fails_both_checks() -> None:
+    r = results(clef_shift=0.0, merged_off=-0.4)  # Clef rows equal the chat-only rows
+    assert not d.check_chat_bits(r["ours"])["passed"]
+    assert not d.check_clef_vs_merged(r["ours"], r["merged"], r["base16"])["passed"]
+
+
+def test_clef_rows_off_the_merged_reference_fail() -> None:
+    r = results(merged_off=0.1)
+    c = d.check_clef_vs_merged(r["ours"], r["merged"], r["base16"])
+    assert not c["passed"] and c["tolerance"] == pytest.approx(0.02)
+
+
+def test_a_divergence_passes_only_at_a_small_reference_margin() -> None:
+    tol = 0.02
+    base = {"max_abs_dlogprob": 0.001, "equal": False}
+    assert d.row_within({**base, "first_diff": {"ref_margin": 0.03}}, tol)
+    assert not d.row_within({**base, "first_diff": {"ref_margin": 0.3}}, tol)
+
+
+def test_memory_must_not_grow_after_the_first_burst() -> None:
+    b = [{"allocated": 100, "reserved": 200}] * 2
+    assert d.no_growth(b)
+    assert not d.no_growth([*b, {"allocated": 100 + (5 << 20), "reserved": 200}])
+    assert not d.no_growth(b[:1])  # one burst proves nothing
+
+
+def test_scoring_fails_on_a_wrong_row_or_a_leak() -> None:
+    case = {"got_scores": True, "got_hidden": True, "max_abs_err": 1e-5, "ref_scale": 0.02,
+            "top5_overlap": 5, "top5_max_dlogprob": 1e-3}
+    ok = {"phases": {"scoring": {"cases": [case], "left_in_store": {"partial": 0, "done": 0}}}}
+    assert d.check_scoring(ok)["passed"]
+    wrong_row = copy.deepcopy(ok)
+    wrong_row["phases"]["scoring"]["cases"][0]["top5_overlap"] = 1
+    assert not d.check_scoring(wrong_row)["passed"]
+    leak = copy.deepcopy(ok)
+    leak["phases"]["scoring"]["left_in_store"]["done"] = 1
+    assert not d.check_scoring(leak)["passed"]
