@@ -123,13 +123,20 @@ struct GcTile {
   }
 };
 
+// How a B operand lies in shared memory: contiguous along k (b_ks = 1), along n (b_cs = 1),
+// or neither (element loads).
+constexpr int kGcBK = 1;
+constexpr int kGcBN = 2;
+
 // acc (a 16 x 16 tile) += A [16 x K] B [K x 16], fp16 in shared memory: A element (r, k)
 // at a[r * a_rs + k * a_ks], B element (k, c) at b[k * b_ks + c * b_cs] (a, b already at
-// the tile's first row / column). AK / BK: the operand is contiguous along k (stride 1),
-// so a fragment's k run is one vector load (8 bytes for m8n8k4, 4 for m16n8k16).
-template <class Arch, int K, bool AK, bool BK>
+// the tile's first row / column). AK: A is contiguous along k; BL: kGcBK or kGcBN. A k run
+// (or, with kGcBN on m8n8k4, the 4 columns of one k row that the row.row form takes) is one
+// vector load: 8 bytes for m8n8k4, 4 for m16n8k16.
+template <class Arch, int K, bool AK, int BL>
 __device__ __forceinline__ void gc_mma(float (&acc)[8], const __half* a, int a_rs, int a_ks,
                                        const __half* b, int b_ks, int b_cs) {
+  constexpr bool BK = BL == kGcBK;
   const int lane = threadIdx.x & 31;
   if constexpr (Arch::kM16n8k16) {
     const int g = lane >> 2;
@@ -180,16 +187,26 @@ __device__ __forceinline__ void gc_mma(float (&acc)[8], const __half* a, int a_r
         af[0] = gc_pack(p[0], p[a_ks]);
         af[1] = gc_pack(p[2 * a_ks], p[3 * a_ks]);
       }
-      if constexpr (BK) {
-        const uint2 w = *reinterpret_cast<const uint2*>(b + bc * b_cs + k0);
+      if constexpr (BL == kGcBN) {
+        // row.row form (common/mma.cuh): this lane's k is k0 + lane % 4, its columns the
+        // quad pair's 8 (qp >> 1) + 4 (lane >= 16) .. + 3
+        const uint2 w = *reinterpret_cast<const uint2*>(b + (k0 + (lane & 3)) * b_ks +
+                                                        8 * (qp >> 1) + 4 * (lane >> 4));
         bf[0] = w.x;
         bf[1] = w.y;
+        mma_m8n8k4_rr(acc, af, bf);
       } else {
-        const __half* p = b + bc * b_cs + k0 * b_ks;
-        bf[0] = gc_pack(p[0], p[b_ks]);
-        bf[1] = gc_pack(p[2 * b_ks], p[3 * b_ks]);
+        if constexpr (BK) {
+          const uint2 w = *reinterpret_cast<const uint2*>(b + bc * b_cs + k0);
+          bf[0] = w.x;
+          bf[1] = w.y;
+        } else {
+          const __half* p = b + bc * b_cs + k0 * b_ks;
+          bf[0] = gc_pack(p[0], p[b_ks]);
+          bf[1] = gc_pack(p[2 * b_ks], p[3 * b_ks]);
+        }
+        mma_m8n8k4(acc, af, bf);
       }
-      mma_m8n8k4(acc, af, bf);
     }
   }
 }
@@ -342,7 +359,7 @@ __global__ void __launch_bounds__(kGcThreads, 1) gdn_chunk_prefill_kernel(const 
         float acc[8];
         gc_zero(acc);
         if (ct <= rt)
-          gc_mma<Arch, kGcDk, true, true>(acc, ks + 16 * rt * kGcKPitch, kGcKPitch, 1,
+          gc_mma<Arch, kGcDk, true, kGcBK>(acc, ks + 16 * rt * kGcKPitch, kGcKPitch, 1,
                                           ks + 16 * ct * kGcKPitch, 1, kGcKPitch);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -392,7 +409,7 @@ __global__ void __launch_bounds__(kGcThreads, 1) gdn_chunk_prefill_kernel(const 
       const int rt = warp >> 1;
       float acc[8];
       gc_zero(acc);
-      gc_mma<Arch, kGcChunk, true, false>(acc, tu + 16 * rt * kGcTPitch, kGcTPitch, 1,
+      gc_mma<Arch, kGcChunk, true, kGcBN>(acc, tu + 16 * rt * kGcTPitch, kGcTPitch, 1,
                                           vs + 16 * (warp & 1), kGcVPitch, 1);
 #pragma unroll
       for (int i = 0; i < 8; ++i)
@@ -402,7 +419,7 @@ __global__ void __launch_bounds__(kGcThreads, 1) gdn_chunk_prefill_kernel(const 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         gc_zero(wacc[e]);
-        gc_mma<Arch, kGcChunk, true, false>(wacc[e], tw + 16 * rt * kGcTPitch, kGcTPitch, 1,
+        gc_mma<Arch, kGcChunk, true, kGcBN>(wacc[e], tw + 16 * rt * kGcTPitch, kGcTPitch, 1,
                                             ks + 16 * (4 * (warp & 1) + e), kGcKPitch, 1);
       }
       __syncthreads();  // every warp has read T (as) before W overwrites it
@@ -424,7 +441,7 @@ __global__ void __launch_bounds__(kGcThreads, 1) gdn_chunk_prefill_kernel(const 
         float acc[8];
         gc_zero(acc);
         if (ct <= rt)
-          gc_mma<Arch, kGcDk, true, true>(acc, qs + 16 * rt * kGcKPitch, kGcKPitch, 1,
+          gc_mma<Arch, kGcDk, true, kGcBK>(acc, qs + 16 * rt * kGcKPitch, kGcKPitch, 1,
                                           ks + 16 * ct * kGcKPitch, 1, kGcKPitch);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -436,7 +453,7 @@ __global__ void __launch_bounds__(kGcThreads, 1) gdn_chunk_prefill_kernel(const 
       }
       float acc[8];
       gc_zero(acc);
-      gc_mma<Arch, kGcDk, true, true>(acc, ws + 16 * rt * kGcKPitch, kGcKPitch, 1,
+      gc_mma<Arch, kGcDk, true, kGcBK>(acc, ws + 16 * rt * kGcKPitch, kGcKPitch, 1,
                                       hs + 16 * (warp & 1) * kGcKPitch, 1, kGcKPitch);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -453,18 +470,18 @@ __global__ void __launch_bounds__(kGcThreads, 1) gdn_chunk_prefill_kernel(const 
       const int ct = warp & 1;
       float acc[8];
       gc_zero(acc);
-      gc_mma<Arch, kGcDk, true, true>(acc, qs + 16 * rt * kGcKPitch, kGcKPitch, 1,
+      gc_mma<Arch, kGcDk, true, kGcBK>(acc, qs + 16 * rt * kGcKPitch, kGcKPitch, 1,
                                       hs + 16 * ct * kGcKPitch, 1, kGcKPitch);
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] *= expf(gcum[16 * rt + Tile::row(lane, i)]);
-      gc_mma<Arch, kGcChunk, true, false>(acc, ps + 16 * rt * kGcTPitch, kGcTPitch, 1,
+      gc_mma<Arch, kGcChunk, true, kGcBN>(acc, ps + 16 * rt * kGcTPitch, kGcTPitch, 1,
                                           us + 16 * ct, kGcVPitch, 1);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < 8; i += 2) {  // accumulators i, i + 1: one row, columns c, c + 1
         const int r = 16 * rt + Tile::row(lane, i);
         if (r < len)
-          out[(int64_t)(c0 + r) * out_tok + 16 * ct + Tile::col(lane, i)] =
-              __float2half_rn(acc[i]);
+          *reinterpret_cast<__half2*>(out + (int64_t)(c0 + r) * out_tok + 16 * ct +
+                                      Tile::col(lane, i)) = __floats2half2_rn(acc[i], acc[i + 1]);
       }
       const float g_last = gcum[kGcChunk - 1];  // padding rows have g = 0
       for (int e = tid; e < kGcChunk * kGcBV; e += kGcThreads) {
@@ -483,7 +500,7 @@ __global__ void __launch_bounds__(kGcThreads, 1) gdn_chunk_prefill_kernel(const 
       for (int c = 0; c < 2; ++c) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) hreg[c][i] *= decay;
-        gc_mma<Arch, kGcChunk, false, true>(hreg[c], ks + 16 * warp, 1, kGcKPitch,
+        gc_mma<Arch, kGcChunk, false, kGcBK>(hreg[c], ks + 16 * warp, 1, kGcKPitch,
                                             vdt + 16 * c * kGcVtPitch, 1, kGcVtPitch);
 #pragma unroll
         for (int i = 0; i < 8; ++i)
