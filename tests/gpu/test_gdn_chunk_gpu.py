@@ -19,12 +19,13 @@ scale M per element and |h| <= M, and the delta rule's per-token map (I - beta k
 so the error stays a small multiple of 2^-11 of those sizes at any length. A float64
 emulation of exactly these roundings on the CPU (this file's cases, run with the op
 replaced by the emulation) gave at most 1.6e-4 scale M on the outputs and 1.3e-4 M on the
-state; the bounds take 2e-3 of each (about 13x), plus fp16's own rounding of the output,
-2^-11 |want|, and its subnormal step for outputs that decayed to nothing. The bound follows
-M rather than |o|: a single token's output is (q.k) beta v, whose relative error grows as
-q and k become orthogonal, while its absolute error stays within 2^-11 scale M. A decay
-applied one token late, a lost gate, a wrong key head or slot moves values by O(1) of
-|o| ~ scale M / 10, far outside the bound.
+state; the bounds (gdn_chunk/tolerances.py) take 2e-3 of each (about 13x), plus fp16's
+own rounding of the output, 2^-11 |want|, and its subnormal step for outputs that decayed
+to nothing; tests/test_gdn_chunk_reference.py reruns that emulation on a small case. The
+bound follows M rather than |o|: a single token's output is (q.k) beta v, whose relative
+error grows as q and k become orthogonal, while its absolute error stays within 2^-11
+scale M. A decay applied one token late, a lost gate, a wrong key head or slot moves
+values by O(1) of |o| ~ scale M / 10, far outside the bound.
 Not yet run on a GPU (written in a session with no device time).
 """
 
@@ -44,6 +45,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
+from gdn_chunk.tolerances import SCALE, magnitude, out_bound, state_bound  # noqa: E402
 from gpu_common import arch_paths, poison, record  # noqa: E402
 
 from vllm_patch.ops import kernels  # noqa: E402
@@ -52,11 +54,6 @@ from vllm_patch.ops import reference_gdn as ref  # noqa: E402
 D = 128
 PAGE_PAD = 96  # extra floats per slot: the slot stride is wider than one state
 HEADS = {"tp2": (8, 24), "tp1": (16, 48)}
-SCALE = D**-0.5
-OUT_TOL = 2e-3  # of scale M per output (see the docstring)
-STATE_TOL = 2e-3  # of M per state element
-SUBNORMAL = 2.0**-24
-FP16_U = 2.0**-11
 
 
 @pytest.fixture(params=arch_paths())
@@ -132,17 +129,13 @@ def run_case(heads: str, lens: list[int], init: list[bool], seed: int, pad: int 
         slot = int(idx[i])
         touched.add(slot)
         ws = ref_state[slot]
-        rows = ws.norm(dim=-1).amax(dim=-1)  # [HV]: the largest state row norm
-        if init[i]:
-            rows = torch.maximum(rows, before[slot].double().norm(dim=-1).amax(dim=-1))
-        m = (rows + v_all[bos:eos].amax(dim=(0, 2)).double()).view(1, hv, 1)
+        m = magnitude(ws, before[slot].double() if init[i] else None, v_all[bos:eos])
         w = want[bos:eos]
-        bound = FP16_U * w.abs() + OUT_TOL * SCALE * m + SUBNORMAL
-        ratio = float(((out[bos:eos].double() - w).abs() / bound).max())
+        ratio = float(((out[bos:eos].double() - w).abs() / out_bound(w, m)).max())
         record("gdn_chunk_out_error_over_bound", ratio)
         assert ratio <= 1.0, (f"sequence {i} ({eos - bos} tokens) output error {ratio:.3g}x "
                               "its bound", heads, lens)
-        sr = float(((state[slot].double() - ws).abs() / (STATE_TOL * m.view(hv, 1, 1))).max())
+        sr = float(((state[slot].double() - ws).abs() / state_bound(m)).max())
         record("gdn_chunk_state_error_over_bound", sr)
         assert sr <= 1.0, (f"slot {slot} state error {sr:.3g}x its bound", heads, lens)
     untouched = [s for s in range(slots) if s not in touched]
