@@ -1,10 +1,14 @@
 """The Gated DeltaNet chunked prefill (torch.ops.sm70.gdn_chunk_prefill) against FLA's
 Triton chunk_gated_delta_rule (vLLM 0.22.1's bundled copy, what stock vLLM runs for a
 prefill) and the tensor-core ceiling measured in the same run, one layer at the model's
-TP=1 shapes (16 key heads, 48 value heads, 128 x 128), one sequence of N tokens (N = 8K,
-32K) starting from a state.
+TP=1 shapes (16 key heads, 48 value heads, 128 x 128), N tokens (N = 8K, 32K) as one
+sequence and as 4 equal sequences (--seqs), each starting from a state.
 
     python3 bench/bench_gdn_chunk.py --out bench_gdn_chunk.json [--tokens 8192,32768]
+
+Our kernel runs 4 blocks per value head and sequence (192 for one sequence at TP=1, fewer
+than two per SM), each walking its sequence's chunks in order, so one long sequence leaves
+much of the GPU idle; the 4-sequence rows show the same tokens with 4x the blocks.
 
 Rows (JSON "rows", a markdown table beside it), impl:
 - sm70_volta: ours through set_arch_path("sm70"), the arch::Sm70 (m8n8k4) code a V100
@@ -56,10 +60,19 @@ def chunk_flops(lens: list[int], num_v_heads: int, dk: int = D, dv: int = D,
     return total * num_v_heads
 
 
+def split_lengths(tokens: int, seqs: int) -> list[int]:
+    """`tokens` as `seqs` sequences as equal as possible, the longer first (pure)."""
+    if seqs < 1 or tokens < seqs:
+        raise ValueError(f"cannot split {tokens} tokens into {seqs} sequences")
+    base, extra = divmod(tokens, seqs)
+    return [base + 1 if i < extra else base for i in range(seqs)]
+
+
 def markdown(rows: list[dict]) -> str:
     """The rows as a markdown table (pure)."""
-    head = "| tokens | impl | ms | TFLOP/s | of m8n8k4 peak | vs FLA (prep+chunk) | note |"
-    lines = [head, "|" + "---|" * 7]
+    head = ("| tokens | seqs | impl | ms | TFLOP/s | of m8n8k4 peak | vs FLA (prep+chunk) "
+            "| note |")
+    lines = [head, "|" + "---|" * 8]
     for r in rows:
         ms = f"{r['ms']:.3f}" if r.get("ms") is not None else "-"
         tf = f"{r['tflops']:.2f}" if r.get("tflops") is not None else "-"
@@ -68,20 +81,20 @@ def markdown(rows: list[dict]) -> str:
         sp = r.get("speedup_vs_fla")
         sps = f"{sp:.2f}x" if sp is not None else "-"
         note = r.get("error") or r.get("note") or ""
-        lines.append(f"| {r.get('tokens', '-')} | {r['impl']} | {ms} | {tf} | {frs} | {sps} | "
-                     f"{note[:80]} |")
+        lines.append(f"| {r.get('tokens', '-')} | {r.get('seqs', 1)} | {r['impl']} | {ms} | "
+                     f"{tf} | {frs} | {sps} | {note[:80]} |")
     return "\n".join(lines) + "\n"
 
 
-def build_case(torch, tokens: int, h: int, hv: int, seed: int):
-    """Random conv output, gates and a state pool of 2 slots (slot 1 is the sequence's)."""
+def build_case(torch, tokens: int, seqs: int, h: int, hv: int, seed: int):
+    """Random conv output, gates and a state pool of 1 + seqs slots (sequence n on n + 1)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     qkv = torch.randn(tokens, 2 * h * D + hv * D, generator=gen, device="cuda").half()
     ab = (torch.randn(tokens, 2 * hv, generator=gen, device="cuda") * 2.0).half()
     a, b = ab[:, :hv], ab[:, hv:]
     a_log = (torch.rand(hv, generator=gen, device="cuda") * 4.5 - 3.0).float()
     dt_bias = (torch.randn(hv, generator=gen, device="cuda") * 0.5).half()
-    state = torch.randn(2, hv, D, D, generator=gen, device="cuda") * 0.3
+    state = torch.randn(1 + seqs, hv, D, D, generator=gen, device="cuda") * 0.3
     return qkv, a.contiguous(), b.contiguous(), a_log, dt_bias, state
 
 
@@ -126,16 +139,19 @@ def run(args: argparse.Namespace) -> dict:
         result["errors"].append(f"fla import: {exc!r}")
     scale = D**-0.5
 
-    for n, tokens in enumerate(parse_tokens(args.tokens)):
+    cases = [(t, s) for t in parse_tokens(args.tokens) for s in parse_tokens(args.seqs)]
+    for n, (tokens, seqs) in enumerate(cases):
         if time.monotonic() > t_stop:
-            result["errors"].append(f"budget spent before {tokens} tokens")
+            result["errors"].append(f"budget spent before {tokens} tokens in {seqs}")
             break
-        flops = chunk_flops([tokens], hv)
-        base = {"tokens": tokens, "gflop": flops / 1e9}
-        qkv, a, b, a_log, dt_bias, state = build_case(torch, tokens, h, hv, seed=n)
-        qsl = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
-        idx = torch.tensor([1], dtype=torch.int32, device="cuda")
-        init = torch.tensor([True], device="cuda")
+        lens = split_lengths(tokens, seqs)
+        flops = chunk_flops(lens, hv)
+        base = {"tokens": tokens, "seqs": seqs, "gflop": flops / 1e9}
+        qkv, a, b, a_log, dt_bias, state = build_case(torch, tokens, seqs, h, hv, seed=n)
+        qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32,
+                           device="cuda")
+        idx = torch.arange(1, seqs + 1, dtype=torch.int32, device="cuda")
+        init = torch.ones(seqs, dtype=torch.bool, device="cuda")
         work = state.clone()
 
         def ours(qkv=qkv, a=a, b=b, a_log=a_log, dt_bias=dt_bias, work=work, qsl=qsl, idx=idx,
@@ -155,7 +171,7 @@ def run(args: argparse.Namespace) -> dict:
                 if "m16n8k16" in peaks:
                     row["frac_of_m16n8k16_peak"] = row["tflops"] / peaks["m16n8k16"]
                 work.copy_(state)
-                ours_out[impl] = (ours(), work[1].clone())
+                ours_out[impl] = (ours(), work[1:].clone())
             except Exception as exc:
                 row["error"] = repr(exc)[:300]
                 result["errors"].append(f"{impl} {tokens}: {traceback.format_exc()[-800:]}")
@@ -169,7 +185,7 @@ def run(args: argparse.Namespace) -> dict:
             try:
                 chunk_indices = prepare_chunk_indices(qsl, CHUNK)
                 chunk_offsets = prepare_chunk_offsets(qsl, CHUNK)
-                init_state = state[1:2].clone()
+                init_state = state[1:].clone()
 
                 def prep(qkv=qkv, a=a, b=b, a_log=a_log, dt_bias=dt_bias):
                     return fused_post_conv_prep(conv_output=qkv, a=a, b=b, A_log=a_log,
@@ -200,7 +216,7 @@ def run(args: argparse.Namespace) -> dict:
                         want = o[0].float()
                         for name, (got, st) in ours_out.items():
                             rel = float((got.float() - want).norm() / want.norm())
-                            srel = float((st - final[0].float()).norm() / final[0].norm())
+                            srel = float((st - final.float()).norm() / final.norm())
                             row[f"{name}_rel_err_vs_fla"] = rel
                             row[f"{name}_state_rel_err_vs_fla"] = srel
                         if "sm70_volta" in ours_out:
@@ -213,7 +229,7 @@ def run(args: argparse.Namespace) -> dict:
                 result["errors"].append(f"fla {tokens}: {traceback.format_exc()[-800:]}")
             if fla_ms is not None:
                 for row in result["rows"]:
-                    if row.get("tokens") == tokens and row.get("ms"):
+                    if row.get("tokens") == tokens and row.get("seqs") == seqs and row.get("ms"):
                         row["speedup_vs_fla"] = fla_ms / row["ms"]
             save()
         del qkv, a, b, state, work
@@ -226,13 +242,16 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSON file (a .md table is written beside)")
-    ap.add_argument("--tokens", default="8192,32768", help="tokens of the one sequence, per case")
+    ap.add_argument("--tokens", default="8192,32768", help="tokens per case")
+    ap.add_argument("--seqs", default="1,4", help="equal sequences the tokens are split into")
     ap.add_argument("--k-heads", type=int, default=16)
     ap.add_argument("--v-heads", type=int, default=48)
     ap.add_argument("--budget-s", type=float, default=600.0)
     args = ap.parse_args(argv)
     try:
-        parse_tokens(args.tokens)
+        for t in parse_tokens(args.tokens):
+            for s in parse_tokens(args.seqs):
+                split_lengths(t, s)
     except ValueError as exc:
         ap.error(str(exc))
     if args.k_heads < 1 or args.v_heads % args.k_heads:
