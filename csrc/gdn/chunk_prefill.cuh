@@ -236,8 +236,8 @@ __device__ __forceinline__ void gc_load_normed(const GdnChunkParams& p, int c0, 
     const float s = rsqrtf(ss + 1e-6f) * mul;
     const __half2 o0 = __floats2half2_rn(lo.x * s, lo.y * s);
     const __half2 o1 = __floats2half2_rn(hi.x * s, hi.y * s);
-    *reinterpret_cast<uint2*>(dst + r * kGcKPitch + 4 * lane) =
-        make_uint2(*reinterpret_cast<const uint32_t*>(&o0), *reinterpret_cast<const uint32_t*>(&o1));
+    *reinterpret_cast<uint2*>(dst + r * kGcKPitch + 4 * lane) = make_uint2(
+        *reinterpret_cast<const uint32_t*>(&o0), *reinterpret_cast<const uint32_t*>(&o1));
   }
 }
 
