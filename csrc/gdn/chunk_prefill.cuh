@@ -11,7 +11,8 @@
 // [T, HV, 128] fp16. A sequence whose slot is <= 0 writes zero outputs and no state.
 //
 // Per chunk of L <= 64 tokens, G_i = sum_{j <= i} g_j within the chunk, H = h^T [dk, dv]:
-//   A = strictly-lower(beta_i k_i.k_j exp(G_i - G_j)),  T = (I + A)^-1 (fp32, CUDA cores)
+//   A = strictly-lower(beta_i k_i.k_j exp(G_i - G_j)),  T = (I + A)^-1 (fp32, CUDA cores:
+//   forward substitution, one column of T per thread, in registers)
 //   W = T diag(beta exp(G)) K,  U = T diag(beta) V,  V' = U - W H
 //   O = diag(exp(G)) Q H + (Q K^T exp(G_i - G_j), j <= i) V'
 //   H <- exp(G_last) H + K^T diag(exp(G_last - G_j)) V'
@@ -26,7 +27,7 @@
 // fp16 copy in shared memory (stored as h, [v][dk], so it is a k-contiguous B operand).
 //
 // Shared memory (dynamic; Volta allows 96 KB per block): Q, K and a region that holds
-// A / T in fp32 and then W in fp16 (64 x 128 fp16 each, pitch 132); T diag(beta exp(G))
+// A in fp32 and then W in fp16 (64 x 128 fp16 each, pitch 132); T diag(beta exp(G))
 // and T diag(beta) in fp16, later Q K^T masked; the value slice V then V' decayed and
 // transposed; U then V'; the fp16 state copy; the gates.
 //
@@ -49,12 +50,12 @@ constexpr int kGcWarps = 8;
 constexpr int kGcThreads = kGcWarps * 32;
 constexpr int kGcKPitch = 132;  // halves per Q / K / W row
 constexpr int kGcTPitch = 72;   // halves per row of the 64 x 64 fp16 matrices
-constexpr int kGcAPitch = 65;   // floats per row of A / T
+constexpr int kGcAPitch = 66;   // floats per row of A (8-byte aligned rows)
 constexpr int kGcVPitch = 40;   // halves per row of V, U, V' (64 x 32)
 constexpr int kGcVtPitch = 72;  // halves per row of V' transposed (32 x 64)
 
 constexpr int kGcQBytes = kGcChunk * kGcKPitch * 2;
-constexpr int kGcR1Bytes = kGcQBytes;  // A / T fp32 (64 x 65 x 4 fits), then W fp16
+constexpr int kGcR1Bytes = kGcQBytes;  // A fp32 (64 x 66 x 4 fits), then W fp16
 constexpr int kGcTBytes = kGcChunk * kGcTPitch * 2;
 constexpr int kGcVBytes = kGcChunk * kGcVPitch * 2;  // >= kGcBV * kGcVtPitch * 2
 constexpr int kGcHBytes = kGcBV * kGcKPitch * 2;
@@ -64,9 +65,9 @@ constexpr int kGcOffR2 = kGcOffR1 + kGcR1Bytes;  // Tw, Tu; later P (in Tw's pla
 constexpr int kGcOffV = kGcOffR2 + 2 * kGcTBytes;
 constexpr int kGcOffU = kGcOffV + kGcVBytes;
 constexpr int kGcOffH = kGcOffU + kGcVBytes;
-constexpr int kGcOffG = kGcOffH + kGcHBytes;  // G [64], beta [64], solve partials [4][64]
-constexpr int kGcSmemBytes = kGcOffG + (2 * kGcChunk + 4 * kGcChunk) * 4;
-static_assert(kGcChunk * kGcAPitch * 4 <= kGcR1Bytes, "A / T fits where W goes");
+constexpr int kGcOffG = kGcOffH + kGcHBytes;  // G [64], beta [64]
+constexpr int kGcSmemBytes = kGcOffG + 2 * kGcChunk * 4;
+static_assert(kGcChunk * kGcAPitch * 4 <= kGcR1Bytes, "A fits where W goes");
 static_assert(kGcBV * kGcVtPitch * 2 <= kGcVBytes, "V' transposed fits where V was");
 static_assert(kGcSmemBytes <= 96 * 1024, "Volta: at most 96 KB of shared memory per block");
 static_assert(kGcOffK % 16 == 0 && kGcOffR1 % 16 == 0 && kGcOffR2 % 16 == 0 &&
@@ -248,7 +249,7 @@ __global__ void __launch_bounds__(kGcThreads, 1) gdn_chunk_prefill_kernel(const 
   using Tile = GcTile<Arch>;
   __half* qs = reinterpret_cast<__half*>(gc_smem);
   __half* ks = reinterpret_cast<__half*>(gc_smem + kGcOffK);
-  float* as = reinterpret_cast<float*>(gc_smem + kGcOffR1);  // A, then T = (I + A)^-1
+  float* as = reinterpret_cast<float*>(gc_smem + kGcOffR1);  // A (fp32)
   __half* ws = reinterpret_cast<__half*>(gc_smem + kGcOffR1);
   __half* tw = reinterpret_cast<__half*>(gc_smem + kGcOffR2);  // T diag(beta exp(G))
   __half* tu = reinterpret_cast<__half*>(gc_smem + kGcOffR2 + kGcTBytes);  // T diag(beta)
@@ -259,7 +260,6 @@ __global__ void __launch_bounds__(kGcThreads, 1) gdn_chunk_prefill_kernel(const 
   __half* hs = reinterpret_cast<__half*>(gc_smem + kGcOffH);  // h fp16 [kGcBV][kGcKPitch]
   float* gcum = reinterpret_cast<float*>(gc_smem + kGcOffG);  // G (inclusive cumsum)
   float* bet = gcum + kGcChunk;
-  float* red = bet + kGcChunk;  // [4][64]
 
   const int slice = blockIdx.x;
   const int hv = blockIdx.y;
@@ -377,30 +377,33 @@ __global__ void __launch_bounds__(kGcThreads, 1) gdn_chunk_prefill_kernel(const 
     }
     __syncthreads();
 
-    // ---- T = (I + A)^-1 by forward substitution, row by row in place:
-    // T[i][c] = -sum_{j < i} A[i][j] T[j][c] (c < i), four threads per column
-    {
-      const int c = tid & (kGcChunk - 1);
-      const int part = tid >> 6;
-      for (int i = 1; i < len; ++i) {
-        float s = 0.f;
-        for (int j = part; j < i; j += 4) s = fmaf(as[i * kGcAPitch + j], as[j * kGcAPitch + c], s);
-        red[part * kGcChunk + c] = s;
-        __syncthreads();
-        if (part == 0 && c < i)
-          as[i * kGcAPitch + c] =
-              -(red[c] + red[kGcChunk + c] + red[2 * kGcChunk + c] + red[3 * kGcChunk + c]);
-        __syncthreads();
+    // ---- T = (I + A)^-1 by forward substitution, one column per thread of warps 0 and 1:
+    // column c of T solves (I + A) x = e_c, x_i = [i == c] - sum_{j < i} A[i][j] x_j (which
+    // leaves x_i = 0 above the diagonal), in registers with no barrier; the thread then
+    // writes its column of Tw = T diag(beta exp(G)) and Tu = T diag(beta) in fp16
+    if (tid < kGcChunk) {
+      const int c = tid;
+      float x[kGcChunk];
+#pragma unroll
+      for (int i = 0; i < kGcChunk; ++i) {
+        const float* arow = as + i * kGcAPitch;  // read by every lane: a broadcast
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int j = 0; j + 1 < i; j += 2) {
+          const float2 a2 = *reinterpret_cast<const float2*>(arow + j);
+          s0 = fmaf(a2.x, x[j], s0);
+          s1 = fmaf(a2.y, x[j + 1], s1);
+        }
+        if (i & 1) s0 = fmaf(arow[i - 1], x[i - 1], s0);
+        x[i] = (i == c ? 1.f : 0.f) - (s0 + s1);
       }
-    }
-
-    // ---- Tw = T diag(beta exp(G)), Tu = T diag(beta), fp16
-    for (int e = tid; e < kGcChunk * kGcChunk; e += kGcThreads) {
-      const int i = e >> 6;
-      const int j = e & (kGcChunk - 1);
-      const float x = as[i * kGcAPitch + j] * bet[j];
-      tw[i * kGcTPitch + j] = __float2half_rn(x * expf(gcum[j]));
-      tu[i * kGcTPitch + j] = __float2half_rn(x);
+      const float bc = bet[c];
+      const float bgc = bc * expf(gcum[c]);
+#pragma unroll
+      for (int i = 0; i < kGcChunk; ++i) {
+        tw[i * kGcTPitch + c] = __float2half_rn(x[i] * bgc);
+        tu[i * kGcTPitch + c] = __float2half_rn(x[i] * bc);
+      }
     }
     __syncthreads();
 
@@ -415,20 +418,18 @@ __global__ void __launch_bounds__(kGcThreads, 1) gdn_chunk_prefill_kernel(const 
       for (int i = 0; i < 8; ++i)
         us[(16 * rt + Tile::row(lane, i)) * kGcVPitch + 16 * (warp & 1) + Tile::col(lane, i)] =
             __float2half_rn(acc[i]);
-      float wacc[4][8];
+      // W goes where A was: A's last reads (the solve) ended at the barrier above
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        gc_zero(wacc[e]);
-        gc_mma<Arch, kGcChunk, true, kGcBN>(wacc[e], tw + 16 * rt * kGcTPitch, kGcTPitch, 1,
-                                            ks + 16 * (4 * (warp & 1) + e), kGcKPitch, 1);
-      }
-      __syncthreads();  // every warp has read T (as) before W overwrites it
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
+        const int ct = 4 * (warp & 1) + e;
+        gc_zero(acc);
+        gc_mma<Arch, kGcChunk, true, kGcBN>(acc, tw + 16 * rt * kGcTPitch, kGcTPitch, 1,
+                                            ks + 16 * ct, kGcKPitch, 1);
 #pragma unroll
         for (int i = 0; i < 8; ++i)
-          ws[(16 * rt + Tile::row(lane, i)) * kGcKPitch + 16 * (4 * (warp & 1) + e) +
-             Tile::col(lane, i)] = __float2half_rn(wacc[e][i]);
+          ws[(16 * rt + Tile::row(lane, i)) * kGcKPitch + 16 * ct + Tile::col(lane, i)] =
+              __float2half_rn(acc[i]);
+      }
     }
     __syncthreads();
 

@@ -37,7 +37,7 @@ FMHA = "attention/fmha_prefill.cuh"
 FMHA_SMEM = 90880  # kFmSmemBytes in attention/fmha_prefill.cuh (arch::Sm70)
 FMHA_SMEM_H200 = 95232  # kFm16SmemBytes (arch::Sm80: its own pitches, V transposed)
 GDN_CHUNK = "gdn/chunk_prefill.cuh"
-GDN_CHUNK_SMEM = 89344  # kGcSmemBytes in gdn/chunk_prefill.cuh (both tags)
+GDN_CHUNK_SMEM = 88320  # kGcSmemBytes in gdn/chunk_prefill.cuh (both tags)
 GQA_GROUP = 6  # Qwen3.8-27B: 24 query heads over 4 KV heads
 MAX_QUERY_ROWS = 4  # 1 + MTP k=3
 VOLTA = "sm70::arch::Sm70"  # the architecture tag a V100 runs (csrc/common/arch.cuh)
