@@ -72,7 +72,8 @@ def test_default_argv_reproduces_the_reference_command_exactly():
         "--host", "127.0.0.1", "--port", "8000", "--served-model-name", "qwen3.8-27b",
         "--attention-backend", "TRITON_ATTN", "--pipeline-parallel-size", "1",
         "--long-prefill-token-threshold", "2048", "--max-logprobs", "20",
-        "--generation-config", "auto", "--no-async-scheduling",
+        "--generation-config", "auto", "--gdn-prefill-backend", "triton",
+        "--no-async-scheduling",
     ]
 
 

@@ -65,6 +65,8 @@ def register() -> dict[str, Any]:
         report["prompt_logprobs"] = _install_prompt_logprobs(config)
         report["gdn_layer"] = _register_gdn_layer(config)
         report["ngram_assist"] = _install_ngram_assist(config)
+        report["settle_accepted_state"] = _install_settle_accepted_state(config)
+        report["exact_prefix_hits"] = _install_exact_prefix_hits(config)
         _state.update(report)
         logger.info("sm70 plugin registered: custom ops %s, attention backend %s, "
                     "quantization %s", report["custom_ops"], report["attention_backend"],
@@ -188,3 +190,28 @@ def _install_ngram_assist(config: Any) -> str:
     from vllm_patch.spec_decode import runner_hook
 
     return runner_hook.install_when_imported(config.spec)
+
+
+def _install_settle_accepted_state(config: Any) -> str:
+    """R7 of runtime_patches/README.md: the GDN state of a decode step without drafts after
+    accepted drafts (acts only in runners of hybrid models with speculative decoding)."""
+    if not config.spec.settle_accepted_state:
+        return "off (spec.settle_accepted_state is false)"
+    if importlib.util.find_spec("vllm") is None:
+        return "absent (vLLM not installed)"
+    from vllm_patch.spec_decode import accepted_state
+
+    return accepted_state.install_when_imported()
+
+
+def _install_exact_prefix_hits(config: Any) -> str:
+    """R8 of runtime_patches/README.md: a prefix-cache hit of a hybrid model with MTP/EAGLE
+    that full attention does not cover (acts only in coordinators with align GDN groups
+    among the EAGLE groups)."""
+    if not config.spec.exact_prefix_hits:
+        return "off (spec.exact_prefix_hits is false)"
+    if importlib.util.find_spec("vllm") is None:
+        return "absent (vLLM not installed)"
+    from vllm_patch.spec_decode import prefix_state
+
+    return prefix_state.install_when_imported()

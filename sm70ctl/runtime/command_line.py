@@ -98,6 +98,10 @@ def vllm_argv(settings: SettingsView, *, secrets_file: Path | None = None) -> li
         "--long-prefill-token-threshold", str(s.prefill_chunk),
         "--max-logprobs", str(s.max_logprobs),
         "--generation-config", s.generation_config,
+        # Gated DeltaNet prefill on flash-linear-attention's Triton kernels: what vLLM's
+        # "auto" picks on Volta anyway (FlashInfer's GDN prefill needs sm_90), named so a
+        # newer card (the H200 test machine) runs the path a V100 runs
+        "--gdn-prefill-backend", "triton",
     ]
     if s.block_size:
         argv += ["--block-size", str(s.block_size)]

@@ -252,6 +252,8 @@ def main() -> int:
 
         kw = engine_kwargs(a.model, a.mode, a.max_batched, a.max_len, a.kv_gib, a.util,
                            a.attention_backend, a.prefix_caching)
+        if a.bench:
+            kw["disable_log_stats"] = False  # per-request timestamps: the decode step
         if a.spec == "mtp3":
             kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 3,
                                         "attention_backend": a.attention_backend}

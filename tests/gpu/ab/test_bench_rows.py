@@ -30,3 +30,16 @@ def test_combine_pairs_cases_and_divides_ours_by_stock():
 
 def test_quick_cases_drop_only_the_largest_case():
     assert set(bench.DECODE_CASES) - set(bench.QUICK_CASES) == {(16, 32768)}
+
+
+def test_engine_step_is_first_to_last_new_token_per_step():
+    from types import SimpleNamespace as NS
+
+    outs = [NS(metrics=NS(num_generation_tokens=33, first_token_ts=10.0, last_token_ts=10.064)),
+            NS(metrics=NS(num_generation_tokens=33, first_token_ts=20.0, last_token_ts=20.128))]
+    # 32 steps between the first and the last new token: 2 ms and 4 ms, mean 3 ms
+    assert bench.engine_step_ms(outs) == pytest.approx(3.0)
+    # without request stats (disable_log_stats) or with one token there is no figure
+    assert bench.engine_step_ms([NS(metrics=None)]) is None
+    assert bench.engine_step_ms([NS(metrics=NS(num_generation_tokens=1, first_token_ts=1.0,
+                                               last_token_ts=1.0))]) is None

@@ -44,24 +44,29 @@ MARGIN_S = 25
 STRICT_MARGIN = 0.25
 STRICT_DLOGPROB = 0.2
 
-# name: (side, checkpoint, prefix caching, speculative method or None)
-MATRIX: dict[str, tuple[str, str, bool, str | None]] = {
-    "O0": ("ours", "int8", False, None),
-    "ON": ("ours", "int8", False, "ngram"),
-    "OA": ("ours", "int8", True, "ngram"),
-    "OM": ("ours", "int8", True, "mtp"),
-    "S0": ("stock", "fp16", False, None),
-    "SN": ("stock", "fp16", False, "ngram"),
-    "SA": ("stock", "fp16", True, "ngram"),
-    "SM": ("stock", "fp16", True, "mtp"),
+# name: (side, checkpoint, prefix caching, speculative method or None, plugin config)
+MATRIX: dict[str, tuple[str, str, bool, str | None, dict[str, Any] | None]] = {
+    "O0": ("ours", "int8", False, None, None),
+    "ON": ("ours", "int8", False, "ngram", None),
+    "OA": ("ours", "int8", True, "ngram", None),
+    "OM": ("ours", "int8", True, "mtp", None),
+    # R7 off: the same engine as ON with vLLM's stale-state read left in
+    "ONx": ("ours", "int8", False, "ngram", {"spec": {"settle_accepted_state": False}}),
+    "S0": ("stock", "fp16", False, None, None),
+    "SN": ("stock", "fp16", False, "ngram", None),
+    "SA": ("stock", "fp16", True, "ngram", None),
+    "SM": ("stock", "fp16", True, "mtp", None),
 }
+# The run after R7: the fix on and off on our side, stock's bug beside them (the first
+# matrix run, all nine cells but ONx, found the bug: tests/gpu/results/h200_spec_diag.json).
+DEFAULT = ("O0", "ON", "OA", "ONx", "S0", "SN")
 
 
 def engine_kwargs(tiny: Path, util: float, only: set[str]) -> dict[str, dict[str, Any]]:
     """The proof's E0 / E1 / E2 keyword arguments, recombined per matrix cell."""
     out: dict[str, dict[str, Any]] = {}
-    for name, (_side, ckpt, prefix, spec) in MATRIX.items():
-        if only and name not in only:
+    for name, (_side, ckpt, prefix, spec, _cfg) in MATRIX.items():
+        if name not in only:
             continue
         base = sc.engine_configs(str(tiny / ckpt), util, KV_BYTES)
         kw = dict(base["E1" if spec == "mtp" else "E2" if spec else "E0"])
@@ -74,6 +79,14 @@ def engine_kwargs(tiny: Path, util: float, only: set[str]) -> dict[str, dict[str
 
 def reference_of(name: str) -> str:
     return name[0] + "0"
+
+
+def engine_env(name: str) -> dict[str, str]:
+    _side, _ckpt, _prefix, _spec, cfg = MATRIX[name]
+    env = {"VLLM_CACHE_ROOT": f"/tmp/vc_diag_{name}"}
+    if cfg is not None:
+        env["SM70_PLUGIN_CONFIG"] = json.dumps(cfg)
+    return env
 
 
 def strict(c: dict[str, Any]) -> dict[str, Any]:
@@ -95,7 +108,7 @@ def judge(engines: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, eng in engines.items():
         ref = engines.get(reference_of(name))
-        if name.endswith("0") or not ref or not eng.get("phases"):
+        if name in ("O0", "S0") or not ref or not eng.get("phases"):
             continue
         out[name] = strict(compare_sides(ref, eng))
     return out
@@ -105,7 +118,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-s", type=float, default=540)
-    ap.add_argument("--only", default="", help="comma-separated engine names")
+    ap.add_argument("--only", default=",".join(DEFAULT),
+                    help="comma-separated engine names, or all")
     ap.add_argument("--work", type=Path, default=Path("/tmp/spec_diag"))
     a = ap.parse_args()
     t0 = time.time()
@@ -118,8 +132,11 @@ def main() -> int:
         f.unlink()
     tiny = Path(os.environ.get("SM70_AB_TINY", "/tmp/ab/tiny"))
     share = float(os.environ.get("SM70_GPU_SHARE", "0.3"))
-    only = {s for s in a.only.split(",") if s}
-    n = len(only or MATRIX)
+    only = set(MATRIX) if a.only == "all" else {s for s in a.only.split(",") if s}
+    unknown = sorted(only - set(MATRIX))
+    if unknown or not only:
+        ap.error(f"--only {a.only!r}: engines {unknown or 'none'} not in {sorted(MATRIX)}")
+    n = len(only)
     configs = engine_kwargs(tiny, round(share / n, 3), only)
     summary: dict[str, Any] = {"passed": None, "matrix": {k: MATRIX[k] for k in configs},
                                "engine_kwargs": configs, "strict_margin": STRICT_MARGIN,
@@ -139,7 +156,7 @@ def main() -> int:
             [sys.executable, str(HERE / "spec_engine.py"), "--name", name, "--kwargs", str(kp),
              "--out", str(files[name]), "--plan-dir", str(plan_dir), "--deadline",
              str(deadline)],
-            side_env(MATRIX[name][0], {"VLLM_CACHE_ROOT": f"/tmp/vc_diag_{name}"}),
+            side_env(MATRIX[name][0], engine_env(name)),
             work / f"{name}.log")
     engines: dict[str, dict[str, Any]] = {}
     stage1 = stage2 = None
@@ -183,6 +200,7 @@ def main() -> int:
             fh.write(f"===== {k}.log\n{text[-12000:]}\n")
     summary["verdicts"] = judge(engines)
     summary["errors"] = {k: e.get("error") for k, e in engines.items() if e.get("error")}
+    summary["settled"] = {k: e.get("settled") for k, e in engines.items()}
     v = summary["verdicts"]
     summary["passed"] = bool(v) and all(x["passed"] for x in v.values())
     flush()

@@ -69,6 +69,14 @@ def _drafter_summary(worker: Any) -> dict[str, Any] | None:
             **summarize_model(model)}
 
 
+def _settled(worker: Any) -> Any:
+    from vllm_patch.spec_decode import accepted_state
+
+    runner = getattr(worker, "model_runner", None)
+    return {"counts": (runner.__dict__.get(accepted_state.COUNTS_ATTR) if runner else None),
+            "install": accepted_state.outcome()}
+
+
 def engine_facts(llm: Any) -> dict[str, Any]:
     cfg = llm.llm_engine.vllm_config
     cc, spec = cfg.cache_config, cfg.speculative_config
@@ -175,6 +183,11 @@ def main() -> int:
             from vllm_patch.quantization.sm70_gptq import CALLS
 
             res["sm70_op_calls"] = dict(CALLS)
+        if "vllm_patch.spec_decode.accepted_state" in sys.modules:
+            try:  # R7's counters: the steps it moved a request's state on
+                res["settled"] = llm.collective_rpc(_settled)[0]
+            except Exception as exc:
+                res["settled"] = f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # a refused combination is a finding: its exact message
         res["error"] = f"{type(exc).__name__}: {exc}"
         res["traceback"] = traceback.format_exc()[-6000:]
