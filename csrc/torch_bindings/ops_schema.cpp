@@ -81,4 +81,8 @@ TORCH_LIBRARY(sm70, m) {
       "gdn_conv1d_prefill(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, "
       "Tensor query_start_loc, Tensor state_indices, Tensor? has_initial_state, bool silu) "
       "-> Tensor");
+  m.def(
+      "gdn_chunk_prefill(Tensor qkv, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias, "
+      "Tensor(a!) state, Tensor query_start_loc, Tensor state_indices, "
+      "Tensor? has_initial_state, int num_k_heads, float scale) -> Tensor");
 }

@@ -36,6 +36,8 @@ GDN_DECODE = "gdn/recurrent_decode.cuh"
 FMHA = "attention/fmha_prefill.cuh"
 FMHA_SMEM = 90880  # kFmSmemBytes in attention/fmha_prefill.cuh (arch::Sm70)
 FMHA_SMEM_H200 = 95232  # kFm16SmemBytes (arch::Sm80: its own pitches, V transposed)
+GDN_CHUNK = "gdn/chunk_prefill.cuh"
+GDN_CHUNK_SMEM = 88320  # kGcSmemBytes in gdn/chunk_prefill.cuh (both tags)
 GQA_GROUP = 6  # Qwen3.8-27B: 24 query heads over 4 KV heads
 MAX_QUERY_ROWS = 4  # 1 + MTP k=3
 VOLTA = "sm70::arch::Sm70"  # the architecture tag a V100 runs (csrc/common/arch.cuh)
@@ -80,6 +82,8 @@ VARIANTS: tuple[KernelVariant, ...] = (
     # tensor-core ceiling loop its benchmark divides by
     KernelVariant(FMHA, f"sm70::fmha_prefill_kernel<{VOLTA}>", 256, FMHA_SMEM),
     KernelVariant(FMHA, "sm70::fmha_tc_peak_kernel<false>", 256),
+    # Gated DeltaNet chunked prefill (8 warps, dynamic shared memory: kGcSmemBytes)
+    KernelVariant(GDN_CHUNK, f"sm70::gdn_chunk_prefill_kernel<{VOLTA}>", 256, GDN_CHUNK_SMEM),
 )
 
 # The H200 timing instantiations (m16n8k16), compiled for sm_90 by the resource report: the
@@ -96,6 +100,7 @@ H200_VARIANTS: tuple[KernelVariant, ...] = (
         for qn in range(1, MAX_QUERY_ROWS + 1)
     ),
     KernelVariant(FMHA, f"sm70::fmha_prefill_kernel<{H200}>", 256, FMHA_SMEM_H200),
+    KernelVariant(GDN_CHUNK, f"sm70::gdn_chunk_prefill_kernel<{H200}>", 256, GDN_CHUNK_SMEM),
 )
 
 

@@ -33,6 +33,8 @@ ATTN = "tests/gpu/test_attention_gpu.py"
 GDN = "tests/gpu/test_gdn_gpu.py"
 GDN_DECODE = "gdn/recurrent_decode.cuh"
 GDN_CONV = "gdn/conv1d.cuh"
+GDN_CHUNK = "gdn/chunk_prefill.cuh"
+GDN_CHUNK_TEST = "tests/gpu/test_gdn_chunk_gpu.py"
 FMHA = "tests/gpu/test_fmha_gpu.py"
 KV_CONTROL = (ATTN, "test_kv_int8_write", {"block_size": 16})
 
@@ -214,6 +216,18 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         # on the packed cache that offset is the scale's own: the mutant passes there
         ((ATTN, "test_kv_int8_write", {"block_size": 16, "kv_layout": "packed"}),),
+    ),
+    Mutant(
+        "gdn-chunk-decay-one-token-late",
+        "the chunked prefill's within-chunk cumulative decay G_i leaves out token i's own "
+        "gate (an exclusive scan), so every decay is applied one token late",
+        (Edit(GDN_CHUNK, r"gcum\[2 \* lane\] = excl \+ x0;\n      gcum\[2 \* lane \+ 1\] = s;",
+              "gcum[2 * lane] = excl;\n      gcum[2 * lane + 1] = excl + x0;", 1),),
+        (
+            (GDN_CHUNK_TEST, "test_gdn_chunk_lengths", {"length": 200, "init": True}),
+            (GDN_CHUNK_TEST, "test_gdn_chunk_varlen_batch", {"heads": "tp2"}),
+        ),
+        (KV_CONTROL, (GDN_CHUNK_TEST, "test_gdn_chunk_lengths", {"length": 1, "init": False})),
     ),
     Mutant(
         "gdn-gqa-interleaved",

@@ -76,6 +76,7 @@ def jobs(py: str) -> list[Job]:
             {"ops"}, 0.03, own_args=True),
         script("tests/gpu/ab/run_stack.py", "stack", {"ops", "tiny", "warm"}, 0.12),
         script("tests/gpu/fmha/device_fmha.py", "fmha", {"ops"}, 0.04),
+        script("tests/gpu/gdn_chunk/device_gdn_chunk.py", "gdn_chunk", {"ops"}, 0.04),
         script("tests/gpu/clef/device_clef.py", "clef", {"ops"}, 0.04),
         script("tests/gpu/clef/device_clef_vllm.py", "clef_vllm", {"ops", "tiny", "warm"}, 0.12),
         script("tests/gpu/attention/device_backend_ab.py", "backend", {"ops", "tiny", "warm"},

@@ -167,6 +167,84 @@ def gdn_conv1d_prefill(
     )
 
 
+GDN_HEAD = 128  # key and value head size the chunked prefill is built for
+
+
+def gdn_chunk_problem(
+    qkv: Tensor,
+    a: Tensor,
+    b: Tensor,
+    state: Tensor,
+    query_start_loc: Tensor,
+    state_indices: Tensor,
+    has_initial_state: Tensor | None,
+    num_k_heads: int,
+) -> str | None:
+    """Why gdn_chunk_prefill cannot take these arguments (one line), or None. Reads only
+    shapes and dtypes (no device sync); the op checks strides and alignment itself."""
+    import torch
+
+    if state.dim() != 4 or tuple(state.shape[2:]) != (GDN_HEAD, GDN_HEAD):
+        return f"state must be [slots, HV, {GDN_HEAD}, {GDN_HEAD}], got {list(state.shape)}"
+    if state.dtype != torch.float32:
+        return f"state must be float32, got {state.dtype}"
+    hv = state.shape[1]
+    if num_k_heads < 1 or hv % num_k_heads:
+        return f"num_k_heads must divide the state's {hv} value heads, got {num_k_heads}"
+    width = 2 * num_k_heads * GDN_HEAD + hv * GDN_HEAD
+    if qkv.dim() != 2 or qkv.shape[1] != width:
+        return f"qkv must be [T, {width}] (2 x {num_k_heads} key heads + {hv} value heads of " \
+               f"{GDN_HEAD}), got {list(qkv.shape)}"
+    tokens = qkv.shape[0]
+    for name, t in (("qkv", qkv), ("a", a), ("b", b)):
+        if t.dtype != torch.float16:
+            return f"{name} must be float16, got {t.dtype}"
+    for name, t in (("a", a), ("b", b)):
+        if tuple(t.shape) != (tokens, hv):
+            return f"{name} must be [{tokens}, {hv}], got {list(t.shape)}"
+    if query_start_loc.dim() != 1 or query_start_loc.numel() < 1:
+        return "query_start_loc must be [N + 1]"
+    n = query_start_loc.numel() - 1
+    for name, t in (("query_start_loc", query_start_loc), ("state_indices", state_indices)):
+        if t.dtype != torch.int32:
+            return f"{name} must be int32, got {t.dtype}"
+    if state_indices.dim() not in (1, 2) or state_indices.shape[0] != n:
+        return f"state_indices must be [N] or [N, S] with N = {n}, got {list(state_indices.shape)}"
+    if has_initial_state is not None and (
+        has_initial_state.dtype != torch.bool or tuple(has_initial_state.shape) != (n,)
+    ):
+        return f"has_initial_state must be a [{n}] bool tensor"
+    return None
+
+
+def gdn_chunk_prefill(
+    qkv: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    state: Tensor,
+    query_start_loc: Tensor,
+    state_indices: Tensor,
+    has_initial_state: Tensor | None,
+    num_k_heads: int,
+    scale: float,
+) -> Tensor:
+    """Gated DeltaNet prefill of varlen sequences, chunked on tensor cores: out [T, HV, 128]
+    fp16 from the conv output qkv [T, 2 H 128 + HV 128] and gates a, b [T, HV]; sequence n
+    starts from the float32 state [slots, HV, 128, 128] at slot state_indices[n] ([N], or
+    column 0 of [N, S]) where has_initial_state[n] (zeros otherwise) and leaves its final
+    state there (reference_gdn.gdn_prefill_reference defines it)."""
+    problem = gdn_chunk_problem(qkv, a, b, state, query_start_loc, state_indices,
+                                has_initial_state, num_k_heads)
+    if problem is not None:
+        raise ValueError(f"gdn_chunk_prefill: {problem}")
+    return _ops().gdn_chunk_prefill(
+        qkv, a, b, A_log, dt_bias, state, query_start_loc, state_indices, has_initial_state,
+        num_k_heads, scale,
+    )
+
+
 def fmha_prefill(
     q: Tensor,
     k: Tensor,

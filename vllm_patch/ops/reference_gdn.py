@@ -225,3 +225,120 @@ def conv1d_prefill_reference(
         out[bos:eos] = _conv_outputs(seq, weight, bias, silu)
         conv_state[slot, : width - 1] = seq[-(width - 1) :].to(conv_state.dtype)
     return out
+
+
+# ---------------------------------------------------------------- chunked prefill
+def _prefill_sequences(
+    query_start_loc: torch.Tensor,
+    state_indices: torch.Tensor,
+    has_initial_state: torch.Tensor | None,
+) -> list[tuple[int, int, int, bool]]:
+    """(bos, eos, slot, starts_from_state) of each sequence the prefill runs: an empty
+    sequence or one whose slot is <= 0 (vLLM's null block) is left out."""
+    idx = _index_columns(state_indices)[:, 0].tolist()
+    starts = query_start_loc.tolist()
+    runs = []
+    for n, slot in enumerate(idx):
+        bos, eos = starts[n], starts[n + 1]
+        if eos > bos and slot > 0:
+            init = has_initial_state is not None and bool(has_initial_state[n])
+            runs.append((bos, eos, slot, init))
+    return runs
+
+
+def gdn_prefill_reference(
+    qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    state_indices: torch.Tensor,
+    has_initial_state: torch.Tensor | None,
+    num_k_heads: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """What the chunked prefill op computes, token by token (the ground truth): out
+    [T, HV, dv] float64 on qkv's device. Sequence n starts from state[state_indices[n]]
+    when has_initial_state[n] (zeros otherwise, or without has_initial_state), runs the
+    recurrence over its tokens and leaves its final state in that slot (float32 state).
+    state_indices is [N] or [N, S] (column 0 is used); sequences with slot <= 0 or no tokens
+    are skipped (zero output, no state)."""
+    num_v_heads, dv, dk = state.shape[1:]
+    group = num_v_heads // num_k_heads
+    scale = dk**-0.5 if scale is None else scale
+    q_all, k_all, v_all = split_qkv(qkv, num_k_heads, num_v_heads, dk, dv)
+    g_all, beta_all = gdn_gating(a, b, A_log, dt_bias)
+    out = torch.zeros(qkv.shape[0], num_v_heads, dv, dtype=F64, device=qkv.device)
+    for bos, eos, slot, init in _prefill_sequences(query_start_loc, state_indices,
+                                                   has_initial_state):
+        h = state[slot].to(F64) if init else torch.zeros_like(state[slot], dtype=F64)
+        qn_all = l2norm(q_all[bos:eos]).repeat_interleave(group, dim=1) * scale
+        kn_all = l2norm(k_all[bos:eos]).repeat_interleave(group, dim=1)
+        for i, t in enumerate(range(bos, eos)):
+            kn = kn_all[i]
+            h = h * torch.exp(g_all[t]).view(-1, 1, 1)
+            u = beta_all[t].view(-1, 1) * (v_all[t].to(F64) - torch.einsum("hvk,hk->hv", h, kn))
+            h = h + u.unsqueeze(-1) * kn.unsqueeze(1)
+            out[t] = torch.einsum("hvk,hk->hv", h, qn_all[i])
+        state[slot] = h.to(state.dtype)
+    return out
+
+
+def gdn_chunk_reference(
+    qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    state_indices: torch.Tensor,
+    has_initial_state: torch.Tensor | None,
+    num_k_heads: int,
+    scale: float | None = None,
+    chunk: int = 64,
+) -> torch.Tensor:
+    """gdn_prefill_reference computed the way csrc/gdn/chunk_prefill.cuh does, chunk by
+    chunk in the WY form (float64), so a CPU test pins the algebra the kernel relies on.
+
+    Per chunk of L tokens with G_i = sum_{j <= i} g_j (within the chunk) and state H [dk, dv]
+    (= h^T): A = strictly-lower (diag(beta) K K^T * exp(G_i - G_j)), T = (I + A)^-1,
+    W = T diag(beta exp(G)) K, U = T diag(beta) V; then V' = U - W H,
+    O = diag(exp(G)) Q H + (Q K^T * exp(G_i - G_j), j <= i) V',
+    H <- exp(G_last) H + K^T diag(exp(G_last - G_j)) V'."""
+    num_v_heads, dv, dk = state.shape[1:]
+    group = num_v_heads // num_k_heads
+    scale = dk**-0.5 if scale is None else scale
+    q_all, k_all, v_all = split_qkv(qkv, num_k_heads, num_v_heads, dk, dv)
+    g_all, beta_all = gdn_gating(a, b, A_log, dt_bias)
+    out = torch.zeros(qkv.shape[0], num_v_heads, dv, dtype=F64, device=qkv.device)
+    for bos, eos, slot, init in _prefill_sequences(query_start_loc, state_indices,
+                                                   has_initial_state):
+        h = state[slot].to(F64) if init else torch.zeros_like(state[slot], dtype=F64)
+        hs = h.transpose(1, 2)  # [HV, dk, dv]
+        for c0 in range(bos, eos, chunk):
+            c1 = min(c0 + chunk, eos)
+            n = c1 - c0
+            q = (l2norm(q_all[c0:c1]) * scale).repeat_interleave(group, dim=1).transpose(0, 1)
+            k = l2norm(k_all[c0:c1]).repeat_interleave(group, dim=1).transpose(0, 1)
+            v = v_all[c0:c1].to(F64).transpose(0, 1)  # [HV, n, dv]
+            gc = g_all[c0:c1].transpose(0, 1).cumsum(-1)  # [HV, n]
+            beta = beta_all[c0:c1].transpose(0, 1)
+            ratio = torch.exp(gc.unsqueeze(-1) - gc.unsqueeze(-2))  # [HV, i, j]
+            lower = torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device), -1)
+            causal = torch.tril(torch.ones(n, n, dtype=torch.bool, device=q.device))
+            kk = (k @ k.transpose(1, 2)) * ratio * beta.unsqueeze(-1)
+            eye = torch.eye(n, dtype=F64, device=q.device)
+            t_inv = torch.linalg.inv(eye + torch.where(lower, kk, torch.zeros_like(kk)))
+            w = t_inv @ (k * (beta * torch.exp(gc)).unsqueeze(-1))
+            u = t_inv @ (v * beta.unsqueeze(-1))
+            v_new = u - w @ hs
+            qk = torch.where(causal, (q @ k.transpose(1, 2)) * ratio, torch.zeros_like(kk))
+            o = torch.exp(gc).unsqueeze(-1) * (q @ hs) + qk @ v_new
+            out[c0:c1] = o.transpose(0, 1)
+            tail = torch.exp(gc[:, -1:] - gc).unsqueeze(-1)  # [HV, n, 1]
+            hs = torch.exp(gc[:, -1]).view(-1, 1, 1) * hs + k.transpose(1, 2) @ (tail * v_new)
+        state[slot] = hs.transpose(1, 2).to(state.dtype)
+    return out
