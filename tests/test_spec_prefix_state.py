@@ -3,8 +3,10 @@ EAGLE look-ahead and which hits are consistent (pure), and, on vLLM 0.22.1's CPU
 (tests/spec_prefix_state_probe.py), that vLLM's own KV cache manager with an MTP drafter
 reports hits that full attention does not cover (the bug as measured on the H200) and,
 after `register()`, only hits every group covers exactly, keeping the longest valid one;
-without a drafter nothing changes; the off switch leaves vLLM as it is. Mutated copies of
-the module must fail the probe's checks."""
+without a drafter nothing changes; the off switch leaves vLLM as it is. A replay of the
+H200 matrix's first stage through vLLM's manager gives the hit of every request that the
+H200 measured, shows that each MTP hit there was uncovered, and what R8 leaves. Mutated
+copies of the module must fail the probe's checks."""
 
 from __future__ import annotations
 
@@ -107,6 +109,57 @@ def _check(result: dict[str, Any]) -> list[str]:
             (guard.get("record") or {}).get("refused") != 1:
         bad.append(f"guard: an uncovered hit was not refused: {guard}")
     return bad
+
+
+# The H200 run's num_cached_tokens per stage-1 request (tests/gpu/results/h200_spec_diag.json,
+# engines SM and OM alike, SA), phases with no hit left out: vLLM's scheduling is
+# deterministic, so the replay must give these exactly.
+H200_MTP = {"prefix_b": [0, 0, 528, 528], "prefix_2b_minus1": [0, 528, 528, 528],
+            "prefix_2b": [0, 528, 1056, 1056], "together_2b": [0, 528, 1056, 1056],
+            "trunc_warm": [0, 0, 0, 0, 528]}
+H200_NGRAM = {"prefix_b": [0, 0, 528, 528], "prefix_b_plus1": [0, 528, 528, 528],
+              "prefix_b_and_half": [0, 528, 528, 528], "prefix_2b_minus1": [0, 0, 528, 528],
+              "prefix_2b": [0, 0, 1056, 1056], "together_2b": [0, 0, 1056, 1056],
+              "trunc_warm": [0, 0, 0, 528, 528]}
+# With R8: only prompts sharing two full blocks keep a hit (one, after the EAGLE drop).
+FIXED_MTP = {"prefix_2b": [0, 0, 528, 528], "together_2b": [0, 0, 0, 528]}
+BLOCK_H200 = 528
+
+
+def _hits(rows: dict[str, list[list[int]]]) -> dict[str, list[int]]:
+    return {ph: [r[0] for r in rs] for ph, rs in rows.items() if any(r[0] for r in rs)}
+
+
+def _uncovered(rows: dict[str, list[list[int]]]) -> list[tuple[str, int]]:
+    """(phase, request) of each hit whose full-attention list is shorter than the hit."""
+    return [(ph, i) for ph, rs in rows.items() for i, (hit, fa, _gdn) in enumerate(rs)
+            if fa * BLOCK_H200 != hit]
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    require_tree()
+    result, _ = run_probe(PROBE, {"config": PluginConfig().to_dict(), "replay": True},
+                          tmp_path_factory.mktemp("prefix_replay"))
+    return result["replay"]
+
+
+def test_replay_gives_the_h200_hits(replayed: dict[str, Any]) -> None:
+    assert _hits(replayed["stock_mtp"]) == H200_MTP
+    assert _hits(replayed["stock_ngram"]) == H200_NGRAM
+
+
+def test_every_mtp_hit_of_the_h200_run_was_uncovered(replayed: dict[str, Any]) -> None:
+    # the 11 requests that differed from plain decoding there, and no other
+    stock = replayed["stock_mtp"]
+    assert _uncovered(stock) == [(ph, i) for ph, hits in H200_MTP.items()
+                                 for i, h in enumerate(hits) if h]
+    assert _uncovered(replayed["stock_ngram"]) == []
+
+
+def test_with_r8_every_replayed_hit_is_covered(replayed: dict[str, Any]) -> None:
+    assert _uncovered(replayed["fixed_mtp"]) == []
+    assert _hits(replayed["fixed_mtp"]) == FIXED_MTP
 
 
 @pytest.fixture(scope="module")
