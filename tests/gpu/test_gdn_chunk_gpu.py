@@ -26,7 +26,7 @@ bound follows M rather than |o|: a single token's output is (q.k) beta v, whose 
 error grows as q and k become orthogonal, while its absolute error stays within 2^-11
 scale M. A decay applied one token late, a lost gate, a wrong key head or slot moves
 values by O(1) of |o| ~ scale M / 10, far outside the bound.
-Not yet run on a GPU (written in a session with no device time).
+First run on an H200: tests/gpu/results/h200_gdn_chunk.json.
 """
 
 from __future__ import annotations
