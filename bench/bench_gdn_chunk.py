@@ -16,6 +16,8 @@ Rows (JSON "rows", a markdown table beside it), impl:
   bench_fmha.py measures it; on an H200 m8n8k4 is emulated, so the fraction says how close
   the kernel's pipeline gets to what that instruction gives there).
 - sm70_native: the arch::Sm80 tag (m16n8k16 products), against that loop's ceiling.
+- two_pass_volta, two_pass_native: gdn_chunk_prefill_two_pass (csrc/gdn/chunk_two_pass.cuh:
+  the chunk-parallel products in a first pass, the state recurrence in a second).
 - fla_chunk: FLA's chunk_gated_delta_rule on q, k, v, g, beta already split, normalised
   and gated; fla_prep_chunk adds vLLM's fused_post_conv_prep (split, l2norm, gating), the
   work our op fuses, so it is the like-for-like row. Both in fp16, as ours.
@@ -154,13 +156,23 @@ def run(args: argparse.Namespace) -> dict:
         init = torch.ones(seqs, dtype=torch.bool, device="cuda")
         work = state.clone()
 
-        def ours(qkv=qkv, a=a, b=b, a_log=a_log, dt_bias=dt_bias, work=work, qsl=qsl, idx=idx,
-                 init=init):
+        chunk_indices = kernels.gdn_chunk_indices(qsl)
+
+        def one_pass(qkv=qkv, a=a, b=b, a_log=a_log, dt_bias=dt_bias, work=work, qsl=qsl,
+                     idx=idx, init=init):
             return kernels.gdn_chunk_prefill(qkv, a, b, a_log, dt_bias, work, qsl, idx, init,
                                              h, scale)
 
+        def two_pass(qkv=qkv, a=a, b=b, a_log=a_log, dt_bias=dt_bias, work=work, qsl=qsl,
+                     idx=idx, init=init, ci=chunk_indices):
+            return kernels.gdn_chunk_prefill_two_pass(qkv, a, b, a_log, dt_bias, work, qsl, idx,
+                                                      init, h, scale, chunk_indices=ci)
+
         ours_out = {}
-        for impl, path in (("sm70_volta", "sm70"), ("sm70_native", "native")):
+        for impl, path, ours in (("sm70_volta", "sm70", one_pass),
+                                 ("sm70_native", "native", one_pass),
+                                 ("two_pass_volta", "sm70", two_pass),
+                                 ("two_pass_native", "native", two_pass)):
             row = {**base, "impl": impl}
             try:
                 kernels.set_arch_path(path)
@@ -222,6 +234,10 @@ def run(args: argparse.Namespace) -> dict:
                         if "sm70_volta" in ours_out:
                             row["note"] = ("ours (volta) vs fla: rel "
                                            f"{row['sm70_volta_rel_err_vs_fla']:.2e}")
+                        if "sm70_volta" in ours_out and "two_pass_volta" in ours_out:
+                            one, two = ours_out["sm70_volta"][0], ours_out["two_pass_volta"][0]
+                            row["two_pass_vs_one_pass_max_abs"] = float(
+                                (one.float() - two.float()).abs().max())
                     result["rows"].append(row)
                     save()
             except Exception as exc:

@@ -164,6 +164,14 @@ else:
         kernels.gdn_chunk_prefill(qkv, a, b, A_log, dt, state, qsl, idx[:-1], hi, H, 0.1)
     except ValueError as exc:
         res["raised"] = str(exc)
+    try:
+        kernels.gdn_chunk_prefill_two_pass(qkv, a, b, A_log, dt, state, qsl, idx, hi, 5, 0.1)
+    except ValueError as exc:
+        res["raised_two_pass"] = str(exc)
+    ci = kernels.gdn_chunk_indices(torch.tensor([0, 3, 3, 133, 197, 198], dtype=torch.int32))
+    res["chunk_indices"] = ci.tolist()
+    res["chunk_indices_dtype"] = str(ci.dtype)
+    res["no_chunks"] = list(kernels.gdn_chunk_indices(torch.tensor([0], dtype=torch.int32)).shape)
 print(json.dumps(res))
 """
 
@@ -222,3 +230,7 @@ def test_wrapper_names_each_bad_argument() -> None:
         assert got is not None and got.startswith(text), (key, got)
         assert "\n" not in got, json.dumps(got)
     assert r["raised"].startswith("gdn_chunk_prefill: state_indices must be"), r
+    assert r["raised_two_pass"].startswith("gdn_chunk_prefill_two_pass: num_k_heads"), r
+    # sequences of 3, 0, 130, 64 and 1 tokens: chunks (sequence, chunk), empty ones counted
+    assert r["chunk_indices"] == [[0, 0], [2, 0], [2, 1], [2, 2], [3, 0], [4, 0]], r
+    assert r["chunk_indices_dtype"] == "torch.int32" and r["no_chunks"] == [0, 2], r

@@ -1,5 +1,6 @@
-// torch binding of the Gated DeltaNet chunked prefill (issue 23): torch.ops.sm70.
-// gdn_chunk_prefill, the kernel of gdn/chunk_prefill.cuh. Checks the arguments, allocates
+// torch bindings of the Gated DeltaNet chunked prefill (issue 23): torch.ops.sm70.
+// gdn_chunk_prefill (gdn/chunk_prefill.cuh, one pass) and gdn_chunk_prefill_two_pass
+// (gdn/chunk_two_pass.cuh: the same result, the chunk-parallel work apart). Checks the arguments, allocates
 // the output and launches on the current stream; vllm_patch/ops/reference_gdn.py
 // (gdn_prefill_reference) defines what it computes.
 #include <ATen/ATen.h>
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "gdn/chunk_prefill.cuh"
+#include "gdn/chunk_two_pass.cuh"
 #include "torch_bindings/bindings_common.h"
 
 namespace sm70_bindings {
@@ -27,11 +29,11 @@ void check_token_rows(const Tensor& t, const char* name, int64_t rows, int64_t c
                   "] with a contiguous last dimension");
 }
 
-Tensor gdn_chunk_prefill(const Tensor& qkv, const Tensor& a, const Tensor& b,
-                         const Tensor& A_log, const Tensor& dt_bias, Tensor& state,
-                         const Tensor& query_start_loc, const Tensor& state_indices,
-                         const std::optional<Tensor>& has_initial_state, int64_t num_k_heads,
-                         double scale) {
+// The arguments both prefill ops share: checks them, fills p, returns the output (zeros).
+Tensor chunk_prepare(const Tensor& qkv, const Tensor& a, const Tensor& b, const Tensor& A_log,
+                     const Tensor& dt_bias, Tensor& state, const Tensor& query_start_loc,
+                     const Tensor& state_indices, const std::optional<Tensor>& has_initial_state,
+                     int64_t num_k_heads, double scale, sm70::GdnChunkParams& p) {
   for (const Tensor* t : std::initializer_list<const Tensor*>{
            &qkv, &a, &b, &A_log, &dt_bias, &state, &query_start_loc, &state_indices})
     SM70_CHECK_CUDA(*t);
@@ -80,10 +82,9 @@ Tensor gdn_chunk_prefill(const Tensor& qkv, const Tensor& a, const Tensor& b,
     init = has_initial_state->data_ptr<bool>();
   }
   TORCH_CHECK(scale > 0, "scale must be positive");
-  const c10::cuda::CUDAGuard guard(qkv.device());
   // rows outside every sequence stay zero, as the reference leaves them
   Tensor out = at::zeros({T, hv, sm70::kGcDv}, qkv.options());
-  sm70::GdnChunkParams p{};
+  p = sm70::GdnChunkParams{};
   p.qkv = hptr(qkv);
   p.qkv_stride = qkv.stride(0);
   p.a = hptr(a);
@@ -107,12 +108,67 @@ Tensor gdn_chunk_prefill(const Tensor& qkv, const Tensor& a, const Tensor& b,
   p.num_k_heads = (int)num_k_heads;
   p.num_v_heads = (int)hv;
   p.scale = (float)scale;
+  return out;
+}
+
+Tensor gdn_chunk_prefill(const Tensor& qkv, const Tensor& a, const Tensor& b,
+                         const Tensor& A_log, const Tensor& dt_bias, Tensor& state,
+                         const Tensor& query_start_loc, const Tensor& state_indices,
+                         const std::optional<Tensor>& has_initial_state, int64_t num_k_heads,
+                         double scale) {
+  const c10::cuda::CUDAGuard guard(qkv.device());
+  sm70::GdnChunkParams p{};
+  Tensor out = chunk_prepare(qkv, a, b, A_log, dt_bias, state, query_start_loc, state_indices,
+                             has_initial_state, num_k_heads, scale, p);
+  const int N = (int)(query_start_loc.numel() - 1);
   auto stream = c10::cuda::getCurrentCUDAStream();
   // arch::Sm80 (m16n8k16) on sm_80+ unless set_arch_path("sm70") asks for the Volta code
+  const cudaError_t e = use_sm80_path(qkv.device().index())
+                            ? sm70::launch_gdn_chunk_prefill<sm70::arch::Sm80>(p, N, stream)
+                            : sm70::launch_gdn_chunk_prefill<sm70::arch::Sm70>(p, N, stream);
+  C10_CUDA_CHECK(e);
+  return out;
+}
+
+// chunk_indices [NT, 2] int32: (sequence, chunk within it) for every chunk, as vLLM's GDN
+// metadata holds it for FLA (prepare_chunk_indices with chunk 64); the kernel skips a row
+// whose chunk starts past its sequence's end.
+Tensor gdn_chunk_prefill_two_pass(const Tensor& qkv, const Tensor& a, const Tensor& b,
+                                  const Tensor& A_log, const Tensor& dt_bias, Tensor& state,
+                                  const Tensor& query_start_loc, const Tensor& state_indices,
+                                  const std::optional<Tensor>& has_initial_state,
+                                  const Tensor& chunk_indices, int64_t num_k_heads,
+                                  double scale) {
+  const c10::cuda::CUDAGuard guard(qkv.device());
+  sm70::GdnChunkParams p{};
+  Tensor out = chunk_prepare(qkv, a, b, A_log, dt_bias, state, query_start_loc, state_indices,
+                             has_initial_state, num_k_heads, scale, p);
+  SM70_CHECK_CUDA(chunk_indices);
+  SM70_CHECK_DTYPE(chunk_indices, at::kInt);
+  TORCH_CHECK(chunk_indices.dim() == 2 && chunk_indices.size(1) == 2 &&
+                  chunk_indices.is_contiguous(),
+              "chunk_indices must be a contiguous [NT, 2] (sequence, chunk)");
+  const int64_t nt = chunk_indices.size(0);
+  TORCH_CHECK(nt <= INT32_MAX, "too many chunks: " + num(nt));
+  const int64_t T = qkv.size(0);
+  const int64_t hv = state.size(1);
+  auto half = qkv.options();
+  Tensor w = at::empty({T, hv, sm70::kGcDv}, half);
+  Tensor u = at::empty({T, hv, sm70::kGcDv}, half);
+  Tensor pm = at::empty({T, hv, sm70::kGcChunk}, half);
+  Tensor gc = at::empty({T, hv}, qkv.options().dtype(at::kFloat));
+  sm70::GdnTwoPassScratch sc{};
+  sc.chunk_indices = chunk_indices.data_ptr<int32_t>();
+  sc.w = hptr_mut(w);
+  sc.u = hptr_mut(u);
+  sc.pm = hptr_mut(pm);
+  sc.gc = gc.data_ptr<float>();
+  const int N = (int)(query_start_loc.numel() - 1);
+  auto stream = c10::cuda::getCurrentCUDAStream();
   const cudaError_t e =
       use_sm80_path(qkv.device().index())
-          ? sm70::launch_gdn_chunk_prefill<sm70::arch::Sm80>(p, (int)N, stream)
-          : sm70::launch_gdn_chunk_prefill<sm70::arch::Sm70>(p, (int)N, stream);
+          ? sm70::launch_gdn_chunk_two_pass<sm70::arch::Sm80>(p, sc, (int)nt, N, stream)
+          : sm70::launch_gdn_chunk_two_pass<sm70::arch::Sm70>(p, sc, (int)nt, N, stream);
   C10_CUDA_CHECK(e);
   return out;
 }
@@ -122,4 +178,5 @@ Tensor gdn_chunk_prefill(const Tensor& qkv, const Tensor& a, const Tensor& b,
 
 TORCH_LIBRARY_IMPL(sm70, CUDA, m) {
   m.impl("gdn_chunk_prefill", &sm70_bindings::gdn_chunk_prefill);
+  m.impl("gdn_chunk_prefill_two_pass", &sm70_bindings::gdn_chunk_prefill_two_pass);
 }

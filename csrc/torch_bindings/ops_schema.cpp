@@ -85,4 +85,9 @@ TORCH_LIBRARY(sm70, m) {
       "gdn_chunk_prefill(Tensor qkv, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias, "
       "Tensor(a!) state, Tensor query_start_loc, Tensor state_indices, "
       "Tensor? has_initial_state, int num_k_heads, float scale) -> Tensor");
+  m.def(
+      "gdn_chunk_prefill_two_pass(Tensor qkv, Tensor a, Tensor b, Tensor A_log, "
+      "Tensor dt_bias, Tensor(a!) state, Tensor query_start_loc, Tensor state_indices, "
+      "Tensor? has_initial_state, Tensor chunk_indices, int num_k_heads, float scale) "
+      "-> Tensor");
 }

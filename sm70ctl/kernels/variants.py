@@ -38,6 +38,9 @@ FMHA_SMEM = 90880  # kFmSmemBytes in attention/fmha_prefill.cuh (arch::Sm70)
 FMHA_SMEM_H200 = 95232  # kFm16SmemBytes (arch::Sm80: its own pitches, V transposed)
 GDN_CHUNK = "gdn/chunk_prefill.cuh"
 GDN_CHUNK_SMEM = 88320  # kGcSmemBytes in gdn/chunk_prefill.cuh (both tags)
+GDN_TWO_PASS = "gdn/chunk_two_pass.cuh"
+GDN_WY_SMEM = 87040  # kG2WySmemBytes in gdn/chunk_two_pass.cuh (pass 1)
+GDN_STATE_SMEM = 78848  # kG2StateSmemBytes (pass 2)
 GQA_GROUP = 6  # Qwen3.8-27B: 24 query heads over 4 KV heads
 MAX_QUERY_ROWS = 4  # 1 + MTP k=3
 VOLTA = "sm70::arch::Sm70"  # the architecture tag a V100 runs (csrc/common/arch.cuh)
@@ -84,6 +87,9 @@ VARIANTS: tuple[KernelVariant, ...] = (
     KernelVariant(FMHA, "sm70::fmha_tc_peak_kernel<false>", 256),
     # Gated DeltaNet chunked prefill (8 warps, dynamic shared memory: kGcSmemBytes)
     KernelVariant(GDN_CHUNK, f"sm70::gdn_chunk_prefill_kernel<{VOLTA}>", 256, GDN_CHUNK_SMEM),
+    # its two-pass form: the chunk-parallel pass and the state pass
+    KernelVariant(GDN_TWO_PASS, f"sm70::gdn_chunk_wy_kernel<{VOLTA}>", 256, GDN_WY_SMEM),
+    KernelVariant(GDN_TWO_PASS, f"sm70::gdn_chunk_state_kernel<{VOLTA}>", 256, GDN_STATE_SMEM),
 )
 
 # The H200 timing instantiations (m16n8k16), compiled for sm_90 by the resource report: the
@@ -101,6 +107,8 @@ H200_VARIANTS: tuple[KernelVariant, ...] = (
     ),
     KernelVariant(FMHA, f"sm70::fmha_prefill_kernel<{H200}>", 256, FMHA_SMEM_H200),
     KernelVariant(GDN_CHUNK, f"sm70::gdn_chunk_prefill_kernel<{H200}>", 256, GDN_CHUNK_SMEM),
+    KernelVariant(GDN_TWO_PASS, f"sm70::gdn_chunk_wy_kernel<{H200}>", 256, GDN_WY_SMEM),
+    KernelVariant(GDN_TWO_PASS, f"sm70::gdn_chunk_state_kernel<{H200}>", 256, GDN_STATE_SMEM),
 )
 
 

@@ -34,6 +34,7 @@ GDN = "tests/gpu/test_gdn_gpu.py"
 GDN_DECODE = "gdn/recurrent_decode.cuh"
 GDN_CONV = "gdn/conv1d.cuh"
 GDN_CHUNK = "gdn/chunk_prefill.cuh"
+GDN_TWO_PASS = "gdn/chunk_two_pass.cuh"
 GDN_CHUNK_TEST = "tests/gpu/test_gdn_chunk_gpu.py"
 FMHA = "tests/gpu/test_fmha_gpu.py"
 KV_CONTROL = (ATTN, "test_kv_int8_write", {"block_size": 16})
@@ -224,10 +225,26 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit(GDN_CHUNK, r"gcum\[2 \* lane\] = excl \+ x0;\n      gcum\[2 \* lane \+ 1\] = s;",
               "gcum[2 * lane] = excl;\n      gcum[2 * lane + 1] = excl + x0;", 1),),
         (
-            (GDN_CHUNK_TEST, "test_gdn_chunk_lengths", {"length": 200, "init": True}),
-            (GDN_CHUNK_TEST, "test_gdn_chunk_varlen_batch", {"heads": "tp2"}),
+            (GDN_CHUNK_TEST, "test_gdn_chunk_lengths",
+             {"length": 200, "init": True, "op": "one_pass"}),
+            (GDN_CHUNK_TEST, "test_gdn_chunk_varlen_batch", {"heads": "tp2", "op": "one_pass"}),
         ),
-        (KV_CONTROL, (GDN_CHUNK_TEST, "test_gdn_chunk_lengths", {"length": 1, "init": False})),
+        (KV_CONTROL, (GDN_CHUNK_TEST, "test_gdn_chunk_lengths",
+                      {"length": 200, "init": True, "op": "two_pass"})),
+    ),
+    Mutant(
+        "gdn-two-pass-decay-one-token-late",
+        "the two-pass prefill's first pass scans the gates exclusively (each decay one token "
+        "late) in the G it hands the state pass and in its own A, T and P",
+        (Edit(GDN_TWO_PASS, r"gcum\[2 \* lane\] = excl \+ x0;\n    gcum\[2 \* lane \+ 1\] = s;",
+              "gcum[2 * lane] = excl;\n    gcum[2 * lane + 1] = excl + x0;", 1),),
+        (
+            (GDN_CHUNK_TEST, "test_gdn_chunk_lengths",
+             {"length": 200, "init": True, "op": "two_pass"}),
+            (GDN_CHUNK_TEST, "test_gdn_chunk_varlen_batch", {"heads": "tp2", "op": "two_pass"}),
+        ),
+        (KV_CONTROL, (GDN_CHUNK_TEST, "test_gdn_chunk_lengths",
+                      {"length": 200, "init": True, "op": "one_pass"})),
     ),
     Mutant(
         "gdn-gqa-interleaved",

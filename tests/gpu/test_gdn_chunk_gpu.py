@@ -2,7 +2,8 @@
 
     python -m pytest -q -m gpu tests/gpu/test_gdn_chunk_gpu.py
 
-Against reference_gdn.gdn_prefill_reference (the token-by-token recurrence, float64, run on
+Both ops, gdn_chunk_prefill (one pass) and gdn_chunk_prefill_two_pass, against
+reference_gdn.gdn_prefill_reference (the token-by-token recurrence, float64, run on
 the GPU) for single sequences of 1, 63, 64, 65, 200 and 1000 tokens with and without an
 initial state at the model's TP=1 shapes (16 key / 48 value heads), a varlen batch at both
 TP shapes (an empty sequence, a padding sequence on slot 0, indices as a column view of a
@@ -54,6 +55,7 @@ from vllm_patch.ops import reference_gdn as ref  # noqa: E402
 D = 128
 PAGE_PAD = 96  # extra floats per slot: the slot stride is wider than one state
 HEADS = {"tp2": (8, 24), "tp1": (16, 48)}
+OPS = ("one_pass", "two_pass")  # gdn_chunk_prefill and gdn_chunk_prefill_two_pass
 
 
 @pytest.fixture(params=arch_paths())
@@ -92,7 +94,7 @@ def column_view(idx: torch.Tensor) -> torch.Tensor:
 
 
 def run_case(heads: str, lens: list[int], init: list[bool], seed: int, pad: int | None = None,
-             a_shift: float = 0.0, b_shift: float = 0.0) -> None:
+             a_shift: float = 0.0, b_shift: float = 0.0, op: str = "one_pass") -> None:
     """Sequence `pad` (if given) sits on slot 0 (vLLM's null block): zero output, no state."""
     h, hv = HEADS[heads]
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -111,8 +113,12 @@ def run_case(heads: str, lens: list[int], init: list[bool], seed: int, pad: int 
     want = ref.gdn_prefill_reference(qkv, a, b, a_log, dt_bias, ref_state, qsl, idx,
                                      has_init.cpu(), h, SCALE)
     poison(tokens * hv * D * 2)
-    out = kernels.gdn_chunk_prefill(qkv, a, b, a_log, dt_bias, state, qsl.cuda(),
-                                    column_view(idx), has_init, h, SCALE)
+    args = (qkv, a, b, a_log, dt_bias, state, qsl.cuda(), column_view(idx), has_init, h, SCALE)
+    if op == "one_pass":
+        out = kernels.gdn_chunk_prefill(*args)
+    else:
+        out = kernels.gdn_chunk_prefill_two_pass(
+            *args, chunk_indices=kernels.gdn_chunk_indices(qsl.cuda()))
     torch.cuda.synchronize()
     assert out.shape == (tokens, hv, D) and out.dtype == torch.float16
     assert torch.isfinite(out).all(), "non-finite output"
@@ -142,25 +148,29 @@ def run_case(heads: str, lens: list[int], init: list[bool], seed: int, pad: int 
     assert torch.equal(state[untouched], before[untouched]), "a slot no sequence runs changed"
 
 
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("init", [True, False])
 @pytest.mark.parametrize("length", [1, 63, 64, 65, 200, 1000])
-def test_gdn_chunk_lengths(length: int, init: bool, arch: str) -> None:
-    run_case("tp1", [length], [init], seed=length + (7 if init else 0))
+def test_gdn_chunk_lengths(length: int, init: bool, op: str, arch: str) -> None:
+    run_case("tp1", [length], [init], seed=length + (7 if init else 0), op=op)
 
 
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("heads", sorted(HEADS))
-def test_gdn_chunk_varlen_batch(heads: str, arch: str) -> None:
+def test_gdn_chunk_varlen_batch(heads: str, op: str, arch: str) -> None:
     lens = [5, 64, 0, 130, 1, 77, 3]
     init = [True, False, True, True, False, True, True]
-    run_case(heads, lens, init, seed=3 + sorted(HEADS).index(heads), pad=6)
+    run_case(heads, lens, init, seed=3 + sorted(HEADS).index(heads), pad=6, op=op)
 
 
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("gates", ["strong-decay", "beta-off"])
-def test_gdn_chunk_gate_extremes(gates: str, arch: str) -> None:
+def test_gdn_chunk_gate_extremes(gates: str, op: str, arch: str) -> None:
     """a + dt_bias above softplus's threshold of 20 (exp(g) underflows within a few tokens),
     or b so negative that beta ~ 0 (the initial state only decays)."""
     shift = {"strong-decay": (24.0, 0.0), "beta-off": (0.0, -30.0)}[gates]
-    run_case("tp2", [200, 70], [True, True], seed=11, a_shift=shift[0], b_shift=shift[1])
+    run_case("tp2", [200, 70], [True, True], seed=11, a_shift=shift[0], b_shift=shift[1],
+             op=op)
 
 
 # The argument checks run in a child pytest (as in test_gdn_gpu.py): a crash inside an op's
@@ -200,3 +210,6 @@ def test_child_gdn_chunk_rejects_bad_arguments() -> None:
                                   SCALE)
     with pytest.raises(ValueError, match="num_k_heads must divide"):
         kernels.gdn_chunk_prefill(qkv, a, b, a_log, dt_bias, state, qsl, idx, None, 7, SCALE)
+    with pytest.raises(RuntimeError, match="chunk_indices must be"):
+        kernels.gdn_chunk_prefill_two_pass(qkv, a, b, a_log, dt_bias, state, qsl, idx, None, h,
+                                           SCALE, chunk_indices=idx)

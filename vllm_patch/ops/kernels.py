@@ -245,6 +245,52 @@ def gdn_chunk_prefill(
     )
 
 
+GDN_CHUNK = 64  # tokens per chunk of both prefill ops
+
+
+def gdn_chunk_indices(query_start_loc: Tensor) -> Tensor:
+    """[NT, 2] int32 (sequence, chunk within it) for every 64-token chunk of the sequences
+    query_start_loc [N + 1] delimits, on its device: the table vLLM's GDN metadata holds
+    for FLA (`chunk_indices`) when no sequence is empty (FLA's numbering skips empty ones,
+    ours counts them). Reads the lengths on the host (one device sync)."""
+    import torch
+
+    lens = (query_start_loc[1:] - query_start_loc[:-1]).tolist()
+    rows = [[n, c] for n, length in enumerate(lens)
+            for c in range((int(length) + GDN_CHUNK - 1) // GDN_CHUNK)]
+    return torch.tensor(rows, dtype=torch.int32).view(-1, 2).to(query_start_loc.device)
+
+
+def gdn_chunk_prefill_two_pass(
+    qkv: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    state: Tensor,
+    query_start_loc: Tensor,
+    state_indices: Tensor,
+    has_initial_state: Tensor | None,
+    num_k_heads: int,
+    scale: float,
+    chunk_indices: Tensor | None = None,
+) -> Tensor:
+    """gdn_chunk_prefill's result in two passes (csrc/gdn/chunk_two_pass.cuh): every chunk's
+    W, U and masked Q K^T at once into scratch, then the state recurrence chunk by chunk.
+    chunk_indices [NT, 2] int32 (gdn_chunk_indices; vLLM's metadata has it) sizes the first
+    pass without a device sync; without it the wrapper makes it (one sync)."""
+    problem = gdn_chunk_problem(qkv, a, b, state, query_start_loc, state_indices,
+                                has_initial_state, num_k_heads)
+    if problem is not None:
+        raise ValueError(f"gdn_chunk_prefill_two_pass: {problem}")
+    if chunk_indices is None:
+        chunk_indices = gdn_chunk_indices(query_start_loc)
+    return _ops().gdn_chunk_prefill_two_pass(
+        qkv, a, b, A_log, dt_bias, state, query_start_loc, state_indices, has_initial_state,
+        chunk_indices, num_k_heads, scale,
+    )
+
+
 def fmha_prefill(
     q: Tensor,
     k: Tensor,

@@ -7,8 +7,9 @@ Steps, each with its own time limit inside the budget, each recorded as soon as 
    tests/gpu/test_gdn_chunk_gpu.py (log gdn_chunk_tests.log, junit gdn_chunk_junit.xml,
    measured error / bound ratios gdn_chunk_errors.jsonl);
 2. bench/bench_gdn_chunk.py --out OUT_DIR/bench_gdn_chunk.json (and .md);
-3. with budget left, the mutant (tests/gpu/mutants.py --only gdn-chunk-decay-one-token-late,
-   log gdn_chunk_mutant.log, mutant_gdn_chunk.json): the tests must kill it.
+3. with budget left, the mutants (tests/gpu/mutants.py --only gdn-chunk-decay-one-token-late
+   gdn-two-pass-decay-one-token-late, log gdn_chunk_mutant.log, mutant_gdn_chunk.json): the
+   tests must kill them.
 summary.json: {"passed": tests passed and every Volta bench row ran, ...key figures}.
 The ops are the ones the orchestrator built (SM70_KERNELS_BUILD_DIR); no vLLM engine runs.
 The junit and step helpers are device_fmha.py's.
@@ -30,9 +31,9 @@ sys.path.insert(0, str(ROOT / "tests" / "gpu" / "fmha"))
 from device_fmha import failed_tests, junit_counts, run_step  # noqa: E402
 
 TESTS = "tests/gpu/test_gdn_chunk_gpu.py"
-MUTANT = "gdn-chunk-decay-one-token-late"
+MUTANTS = ("gdn-chunk-decay-one-token-late", "gdn-two-pass-decay-one-token-late")
 MARGIN_S = 15.0  # kept back for writing the summary
-MUTANT_S = 260.0  # the mutant step: a whole-extension build, then its tests
+MUTANT_S = 400.0  # the mutant step: two whole-extension builds, then their tests
 
 
 def error_maxima(path: Path) -> dict[str, float]:
@@ -67,7 +68,9 @@ def bench_figures(bench: dict) -> dict:
             entry[f"{row['impl']}_speedup_vs_fla"] = row["speedup_vs_fla"]
         if row["impl"] == "sm70_volta":
             entry["volta_frac_of_m8n8k4_peak"] = row.get("frac_of_m8n8k4_peak")
-        for key in ("sm70_volta_rel_err_vs_fla", "sm70_native_rel_err_vs_fla"):
+        for key in ("sm70_volta_rel_err_vs_fla", "sm70_native_rel_err_vs_fla",
+                    "two_pass_volta_rel_err_vs_fla", "two_pass_native_rel_err_vs_fla",
+                    "two_pass_vs_one_pass_max_abs"):
             if key in row:
                 entry[key] = row[key]
     return {"peak_tflops": bench.get("peak_tflops"), "by_tokens": per,
@@ -147,12 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     if left > MUTANT_S - 20:
         work = out / "mutant_work"  # the mutated csrc copy and library, removed after
         menv = {**env, "SM70_MUTANTS_DIR": str(work)}
-        step = run_step([py, "tests/gpu/mutants.py", "--only", MUTANT, "--jobs", "8", "--out",
+        step = run_step([py, "tests/gpu/mutants.py", "--only", *MUTANTS, "--jobs", "8", "--out",
                          str(out / "mutant_gdn_chunk.json")], out / "gdn_chunk_mutant.log",
                         left, menv)
         step["killed"] = step["rc"] == 0
-        for sub in ("lib", "csrc"):
-            shutil.rmtree(work / MUTANT / sub, ignore_errors=True)
+        for name in MUTANTS:
+            for sub in ("lib", "csrc"):
+                shutil.rmtree(work / name / sub, ignore_errors=True)
     else:
         step = {"rc": None, "skipped": f"{left:.0f} s left"}
     summary["steps"]["mutant"] = step
