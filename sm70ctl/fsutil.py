@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import tempfile
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,18 +23,45 @@ def sha256_file(
     return h.hexdigest()
 
 
+def _create_beside(target: Path) -> tuple[int, Path]:
+    """A new, empty temporary file in `target`'s folder, created the way open() creates a
+    file (mode 0o666 less the umask: the kernel applies it). mkstemp's fixed 0o600 would
+    become the mode of every file renamed over from it."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = target.parent / f".{target.name}.{os.urandom(6).hex()}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{target.parent}: no free temporary name for {target.name}")
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write `text` to `path` through a temporary file in the same folder, then rename.
+
+    The result looks like a plain write's: a symlink is written through (its target is
+    replaced, the link stays), an existing file keeps its mode, a new one gets 0o666 less
+    the umask. Readers see the old content or the new, never a mix.
+    """
+    path = Path(path)
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode: int | None = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        mode = None
+    fd, tmp = _create_beside(target)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -256,11 +256,12 @@ def _refusals(layer_mod: Any, gdn_attn: Any) -> dict[str, Any]:
     layer_mod.is_conv_state_dim_first = lambda: True  # VLLM_SSM_CONV_STATE_LAYOUT=DS
     try:
         layer._forward_core(*_inputs(2, gen), torch.zeros(2, HV, D, dtype=torch.float16))
-        out["ds_layout"] = None
-    except RuntimeError as exc:
-        out["ds_layout"] = str(exc)
+        out["ds_layout_forward"] = None
+    except RuntimeError as exc:  # the guard on the pool vLLM bound, behind construction's
+        out["ds_layout_forward"] = str(exc)
     finally:
         layer_mod.is_conv_state_dim_first = saved
+    out.update(_construction(layer_mod))
     # vLLM's own calculator choosing a non-float32 state (say --mamba-ssm-cache-dtype float16)
     from vllm_patch.gdn.int16_model import Sm70Qwen3_5Int16
 
@@ -275,6 +276,55 @@ def _refusals(layer_mod: Any, gdn_attn: Any) -> dict[str, Any]:
         out["fp16_base"] = str(exc)
     finally:
         base.get_mamba_state_dtype_from_config = saved_dtype
+    return out
+
+
+def _construction(layer_mod: Any) -> dict[str, Any]:
+    """Each layer class built through its real __init__ (vLLM's own __init__ replaced by one
+    that sets what it would: the model's shapes, dtypes and configs), as PluggableLayer
+    builds it while the model loads: what the int16 layer refuses there, and that the
+    plain layer and a supported int16 layer are built."""
+    import torch
+
+    base = layer_mod.QwenGatedDeltaNetAttention
+    built: list[str] = []
+
+    def fake_init(self: Any, model_dtype: Any = torch.float16) -> None:
+        torch.nn.Module.__init__(self)
+        self.prefix, self.tp_size = PREFIX, TP
+        self.num_k_heads, self.num_v_heads = H_ALL, HV_ALL
+        self.head_k_dim = self.head_v_dim = D
+        self.conv_kernel_size, self.activation, self.num_spec = 4, "silu", 3
+        self.A_log = torch.nn.Parameter(torch.zeros(HV, dtype=torch.float32))
+        self.dt_bias = torch.nn.Parameter(torch.ones(HV, dtype=model_dtype))
+        self.model_config = SimpleNamespace(dtype=model_dtype)
+        # Qwen3.5's config verification sets the recurrent state's float32
+        self.cache_config = SimpleNamespace(mamba_cache_dtype="auto",
+                                            mamba_ssm_cache_dtype="float32")
+
+    def build(cls: Any, **kw: Any) -> str | None:
+        try:
+            cls(**kw)
+        except ValueError as exc:
+            return str(exc)
+        built.append(cls.__name__)
+        return None
+
+    saved = (base.__init__, layer_mod.load_ops, layer_mod.is_conv_state_dim_first)
+    base.__init__ = fake_init
+    layer_mod.load_ops = lambda: "not loaded (probe)"
+    out: dict[str, Any] = {}
+    try:
+        int16, plain = layer_mod.Sm70GatedDeltaNetInt16, layer_mod.Sm70GatedDeltaNet
+        out["ok_int16"] = build(int16)
+        out["bf16_at_construction"] = build(int16, model_dtype=torch.bfloat16)
+        out["bf16_plain"] = build(plain, model_dtype=torch.bfloat16)
+        layer_mod.is_conv_state_dim_first = lambda: True  # VLLM_SSM_CONV_STATE_LAYOUT=DS
+        out["ds_layout"] = build(int16)
+        out["ds_plain"] = build(plain)
+    finally:
+        base.__init__, layer_mod.load_ops, layer_mod.is_conv_state_dim_first = saved
+    out["built"] = built
     return out
 
 

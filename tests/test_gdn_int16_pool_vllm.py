@@ -138,8 +138,15 @@ def test_a_prefill_step_runs_vllm_on_a_float32_copy_of_its_slots(probe: dict[str
 
 def test_refusals_name_the_setting(probe: dict[str, Any]) -> None:
     r = probe["layer"]["refusals"]
+    # refused while the model is built (the engine fails at start-up), not at a request
     assert r["ds_layout"] is not None and "DS" in r["ds_layout"]
     assert "SM70_GDN_STATE_DTYPE=float32" in r["ds_layout"]
+    assert r["bf16_at_construction"] is not None and "bfloat16" in r["bf16_at_construction"]
+    assert "SM70_GDN_STATE_DTYPE=float32" in r["bf16_at_construction"]
+    # the supported int16 layer is built; the plain layer leaves such layers to vLLM
+    assert r["ok_int16"] is None and r["bf16_plain"] is None and r["ds_plain"] is None
+    assert r["built"] == ["Sm70GatedDeltaNetInt16", "Sm70GatedDeltaNet", "Sm70GatedDeltaNet"]
+    assert r["ds_layout_forward"] == r["ds_layout"]  # the forward's guard says the same
     assert r["fp16_base"] is not None and "float16" in r["fp16_base"]
     assert "SM70_GDN_STATE_DTYPE=float32" in r["fp16_base"]
-    assert "\n" not in r["ds_layout"] + r["fp16_base"]
+    assert "\n" not in r["ds_layout"] + r["fp16_base"] + r["bf16_at_construction"]

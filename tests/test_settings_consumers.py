@@ -8,6 +8,7 @@ real ones, called through their modules (so the mutation test below can replace 
   vllm_flag / vllm_secret / vllm_env  sm70ctl.runtime's command line, secrets file, environment
   plugin      the plugin config that environment carries, read back by vllm_patch.config, and
               for the fields the plugin acts on, what vllm_patch.plugin registers from it
+              (the Clef fields: what the API server's Clef middleware answers with them)
   kernel      the compile-cache fingerprint (names the cache folder)
   build       sm70ctl build's BuildConfig and the environment of its compile steps
   plan        PlanInputs.from_settings (what every plan computes with)
@@ -123,6 +124,132 @@ def _installed_prompt_logprobs(config: PluginConfig) -> str:
         return plugin._install_prompt_logprobs(config)
 
 
+def _installed_ngram_assist(config: PluginConfig) -> str:
+    """What the plugin arms for the n-gram assist (runtime patch R6): the hook gets the spec
+    section whole and its runner_state builds AssistParams from ngram_min/ngram_max
+    (exercised in the serving venv by tests/spec_assist_probe.py)."""
+    with _fake_module("vllm_patch.spec_decode.runner_hook", install_when_imported=lambda spec: (
+            f"n-gram assist armed, n {spec.ngram_min}..{spec.ngram_max}")):
+        return plugin._install_ngram_assist(config)
+
+
+class _ClefEngine:
+    """vLLM's engine client for one scoring request: a tokenizer of one token per word,
+    and the head's per-position logits (zeros) from the workers' collective_rpc."""
+
+    def __init__(self) -> None:
+        self.positions = 0
+
+    def get_tokenizer(self) -> Any:
+        return types.SimpleNamespace(encode=lambda text, add_special_tokens=True: [
+            len(w) for w in text.split()])
+
+    async def generate(self, prompt: Any, params: Any, request_id: str) -> Any:
+        self.positions = len(params["extra_args"]["sm70_clef_score"]["positions"])
+        yield types.SimpleNamespace(finished=True)
+
+    async def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        return [[0.0] * self.positions]
+
+
+class _ClefApp:
+    """vLLM's API app as the Clef middleware sees it (the tiny model's config, a 4,096-token
+    chat context); answers 200 to what the middleware passes on."""
+
+    def __init__(self) -> None:
+        from clef_fixture import TINY_CONFIG
+
+        hf = types.SimpleNamespace(to_dict=lambda: dict(TINY_CONFIG))
+        self.state = types.SimpleNamespace(
+            args=types.SimpleNamespace(served_model_name=["m"], max_model_len=4096),
+            engine_client=_ClefEngine(),
+            vllm_config=types.SimpleNamespace(model_config=types.SimpleNamespace(
+                hf_config=hf)))
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from vllm_patch.clef import api
+
+        await api.send_json(send, 200, {"passed": True})
+
+
+def _clef_answer(clef: Any, path: str, body: dict[str, Any]) -> tuple[int, str]:
+    """The status and error message vllm_patch.clef.api's middleware, built from this clef
+    section as `sm70ctl serve --middleware` builds it in the API server, answers a POST."""
+    import asyncio
+    import json
+
+    from vllm_patch.clef import api
+
+    msgs = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "app": _ClefApp()}
+    middleware = api.ClefMiddleware(scope["app"], clef)
+    middleware.make_params = lambda **kw: kw  # vLLM's SamplingParams
+    asyncio.run(middleware(scope, receive, send))
+    answer = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    return sent[0]["status"], str(answer.get("error", {}).get("message", ""))
+
+
+def _example(name: str) -> int:
+    return int(SCHEMA.by_name[name].example)
+
+
+_CLEF_DIR: list[Path] = []
+
+
+def _tiny_clef_dir() -> Path:
+    """A valid Clef folder for the tiny config (tests/clef_fixture.py) at the rank of
+    SM70_CLEF_RANK's example, made once."""
+    if not _CLEF_DIR:
+        import tempfile
+
+        from clef_fixture import write_clef_dir
+
+        root = Path(tempfile.mkdtemp(prefix="sm70-clef-consumers-"))
+        _CLEF_DIR.append(write_clef_dir(root / "clef", rank=_example("SM70_CLEF_RANK")))
+    return _CLEF_DIR[0]
+
+
+def _score_body(questions: int = 1, words: int = 4) -> dict[str, Any]:
+    q = {"kind": "choice", "text": "Which?", "options": ["a", "b"]}
+    return {"model": "m-clef", "input": " ".join(["w"] * words),
+            "questions": [{**q, "id": f"q{i}"} for i in range(questions)]}
+
+
+def _clef_effect(field: str) -> Callable[[PluginConfig], Any]:
+    """How the middleware's answers show one clef field: `enabled`, whether the Clef name
+    exists on a generation route; `dir`, which folder the scoring route reads (neither the
+    default nor the example exists: the refusal names it); `rank`, a scoring request on a
+    folder of the example's rank (refused at another rank); `max_questions` and
+    `max_model_len`, on that folder at its rank, a request between the example's limit and
+    the default's (served under one, refused under the other)."""
+    def effect(config: PluginConfig) -> Any:
+        clef = config.clef
+        if field == "enabled":
+            return _clef_answer(clef, "/v1/chat/completions",
+                                {"model": "m-clef", "messages": []})
+        if field == "dir":
+            return _clef_answer(clef, "/v1/clef/score", _score_body())
+        clef = dataclasses.replace(clef, dir=str(_tiny_clef_dir()))
+        if field == "rank":
+            return _clef_answer(clef, "/v1/clef/score", _score_body())
+        clef = dataclasses.replace(clef, rank=_example("SM70_CLEF_RANK"))
+        if field == "max_questions":
+            body = _score_body(questions=_example("SM70_CLEF_MAX_QUESTIONS") + 1)
+        else:
+            body = _score_body(words=_example("SM70_CLEF_MAX_MODEL_LEN") + 100)
+        return _clef_answer(clef, "/v1/clef/score", body)
+
+    return effect
+
+
 # Plugin fields the plugin's code acts on today, and how to see what it did with them.
 PLUGIN_EFFECTS: dict[str, Callable[[PluginConfig], Any]] = {
     "gemm.int8_gemv": _registered_quantization,
@@ -134,6 +261,13 @@ PLUGIN_EFFECTS: dict[str, Callable[[PluginConfig], Any]] = {
     "gdn.kernel": lambda config: _registered_gdn_layer(config),
     "gdn.state_dtype": lambda config: _registered_gdn_layer(config),
     "logprobs.prompt_chunk": lambda config: _installed_prompt_logprobs(config),
+    "spec.ngram_assist": _installed_ngram_assist,
+    "spec.ngram_min": _installed_ngram_assist,
+    "spec.ngram_max": _installed_ngram_assist,
+    # the Clef fields are read where Clef runs, not at registration: the API server's
+    # middleware (all five, CPU-testable) and the workers' served_source (enabled, dir, rank)
+    **{f"clef.{f}": _clef_effect(f)
+       for f in ("enabled", "dir", "rank", "max_questions", "max_model_len")},
 }
 
 
@@ -354,6 +488,53 @@ def test_a_plugin_that_ignores_a_field_is_reported(world: _Recorded,
     monkeypatch.setattr(plugin, "_register_quantization", lambda config: original(
         dataclasses.replace(config, gemm=dataclasses.replace(config.gemm, gemv_max_rows=8))))
     assert dead_consumers(spec, world)
+
+
+def _ngram_min_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = plugin._install_ngram_assist
+    monkeypatch.setattr(plugin, "_install_ngram_assist", lambda config: original(
+        dataclasses.replace(config, spec=dataclasses.replace(config.spec, ngram_min=2))))
+
+
+def _clef_rank_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_patch.clef import manifest
+
+    original = manifest.parse_manifest
+    monkeypatch.setattr(manifest, "parse_manifest", lambda raw, d, rank=None: original(raw, d))
+
+
+def _clef_questions_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_patch.clef import scoring
+
+    original = scoring.limits_for
+    monkeypatch.setattr(scoring, "limits_for", lambda head, max_questions: original(head, 64))
+
+
+def _clef_length_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_patch.clef import api
+
+    original = api.route
+    monkeypatch.setattr(api, "route", lambda *a: original(*a[:5], 16384, *a[6:]))
+
+
+# (variable, how the plugin or the code reading its field is made to ignore it)
+PLUGIN_MUTATIONS = [
+    ("SM70_NGRAM_MIN", _ngram_min_ignored),
+    ("SM70_CLEF_RANK", _clef_rank_ignored),
+    ("SM70_CLEF_MAX_QUESTIONS", _clef_questions_ignored),
+    ("SM70_CLEF_MAX_MODEL_LEN", _clef_length_ignored),
+]
+
+
+@pytest.mark.parametrize(("name", "ignore"), PLUGIN_MUTATIONS,
+                         ids=[n for n, _ in PLUGIN_MUTATIONS])
+def test_code_that_ignores_a_plugin_field_is_reported(
+        name: str, ignore: Callable[[pytest.MonkeyPatch], None], world: _Recorded,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = SCHEMA.by_name[name]
+    assert not dead_consumers(spec, world)
+    ignore(monkeypatch)
+    assert any("plugin:" in d for d in dead_consumers(spec, world)), name
 
 
 def test_a_fingerprint_that_leaves_out_a_key_is_reported(world: _Recorded,

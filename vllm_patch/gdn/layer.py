@@ -18,7 +18,8 @@ stride = page size), which the ops take as given.
 state tensor, so vLLM's pool holds kv_cache[1] as int16 codes and kv_cache[2] as their
 float32 row scales [slots, HV, 128]; decode steps hand the scales to our op, steps with a
 prefill run vLLM's FLA path on a float32 copy of their slots (int16_scratch.py), and a layer
-our ops cannot run is an error (vLLM's kernels cannot read int16).
+our ops cannot run is an error (vLLM's kernels cannot read int16) raised while the model is
+built, from what the layer declares, so the engine fails at start-up.
 
 CALLS counts each route per Python call (a captured CUDA graph counts once, at capture);
 with `count_on_device(True)` our path also bumps a device counter inside the step, so graph
@@ -88,8 +89,17 @@ def _dtype_name(dtype: torch.dtype) -> str:
 class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
     """QwenGatedDeltaNetAttention whose decode-only steps run on our kernels."""
 
+    # Whether a layer our ops cannot run is refused while the model is built (the int16
+    # pool: vLLM's kernels cannot read it) instead of left to vLLM's path.
+    sm70_refuses_unsupported = False
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.sm70_refuses_unsupported:
+            # at construction, so the engine fails at start-up, not at its first request
+            reason = routing.unsupported_reason(self.sm70_declared_shape())
+            if reason is not None:
+                raise ValueError(int16_pool.layer_refusal(reason))
         # Load (or build) the ops now, in the worker, before any CUDA-graph capture.
         load_ops()
         if _count_on_device and torch.cuda.is_available():
@@ -97,13 +107,28 @@ class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
         self._sm70_reason: str | None = None
         self._sm70_checked = False
 
+    def sm70_declared_shape(self) -> routing.LayerShape:
+        """The layer as its construction fixes it: activations in the model dtype, the state
+        dtypes this class declares (what vLLM allocates the pool with), the parameters'."""
+        states = self.get_state_dtype()
+        return self._sm70_shape(
+            _dtype_name(self.model_config.dtype), _dtype_name(states[0]),
+            _dtype_name(states[1]), _dtype_name(states[2]) if len(states) > 2 else None)
+
     def sm70_layer_shape(self, mixed_qkv: torch.Tensor) -> routing.LayerShape:
+        """The layer as a forward sees it (the pool vLLM bound, this step's activations)."""
         conv_state, ssm_state = self.kv_cache[0], self.kv_cache[1]
         scale = self.kv_cache[2] if len(self.kv_cache) > 2 else None
+        return self._sm70_shape(
+            _dtype_name(mixed_qkv.dtype), _dtype_name(conv_state.dtype),
+            _dtype_name(ssm_state.dtype), None if scale is None else _dtype_name(scale.dtype))
+
+    def _sm70_shape(self, activation: str, conv_state: str, ssm_state: str,
+                    ssm_scale: str | None) -> routing.LayerShape:
         return routing.LayerShape(
-            activation_dtype=_dtype_name(mixed_qkv.dtype),
-            ssm_state_dtype=_dtype_name(ssm_state.dtype),
-            conv_state_dtype=_dtype_name(conv_state.dtype),
+            activation_dtype=activation,
+            ssm_state_dtype=ssm_state,
+            conv_state_dtype=conv_state,
             a_log_dtype=_dtype_name(self.A_log.dtype),
             dt_bias_dtype=_dtype_name(self.dt_bias.dtype),
             head_k_dim=self.head_k_dim,
@@ -114,7 +139,7 @@ class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
             activation=self.activation,
             conv_state_dim_first=is_conv_state_dim_first(),
             num_spec=self.num_spec,
-            ssm_scale_dtype=None if scale is None else _dtype_name(scale.dtype),
+            ssm_scale_dtype=ssm_scale,
         )
 
     def _sm70_unsupported(self, mixed_qkv: torch.Tensor) -> str | None:
@@ -161,6 +186,8 @@ class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
 class Sm70GatedDeltaNetInt16(Sm70GatedDeltaNet):
     """Sm70GatedDeltaNet on an int16 pool: codes plus float32 row scales (int16_pool.py)."""
 
+    sm70_refuses_unsupported = True
+
     def get_state_dtype(self) -> tuple[torch.dtype, ...]:
         conv, temporal = super().get_state_dtype()
         problem = int16_pool.base_dtype_problem(_dtype_name(temporal))
@@ -183,6 +210,7 @@ class Sm70GatedDeltaNetInt16(Sm70GatedDeltaNet):
         if raw is None:  # warm-up / profile run: vLLM's path touches no state
             return Sm70GatedDeltaNet._forward_core(self, mixed_qkv, b, a, core_attn_out)
         meta = raw[self.prefix]
+        # construction refused what the layer declares; this sees the pool vLLM really bound
         unsupported = self._sm70_unsupported(mixed_qkv)
         if unsupported is not None:
             raise RuntimeError(int16_pool.layer_refusal(unsupported))
