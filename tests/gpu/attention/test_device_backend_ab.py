@@ -117,8 +117,14 @@ def test_the_fmha_verdict_needs_its_four_sides_and_two_pairs() -> None:
     assert not dev.verdict(tests, checks, comps)  # judged as the triton set: pairs missing
     assert not dev.verdict(tests, {**checks, "fmha_graphs": {"ok": False}}, comps, "fmha")
     assert not dev.verdict(tests, checks, {**comps, "fmha_eager": {"passed": False}}, "fmha")
+    # --skip-pytest (the GPU tests ran in another job): the A/B alone decides
+    assert dev.verdict(None, checks, comps, "fmha", tests_asked=False)
+    assert not dev.verdict(None, checks, comps, "fmha")
+    assert not dev.verdict(None, {**checks, "fmha_eager": {"ok": False}}, comps, "fmha",
+                           tests_asked=False)
     del comps["fmha_graphs"]
     assert not dev.verdict(tests, checks, comps, "fmha")
+    assert not dev.verdict(None, checks, comps, "fmha", tests_asked=False)
 
 
 def test_the_side_commands() -> None:
