@@ -54,7 +54,10 @@ class Job:
 
 NEW_MUTANTS = ["decode-packed-token-stride", "kv-write-scale-at-row-start",
                "gdn-gqa-interleaved", "gdn-int16-scale-per-lane",
-               "gdn-conv-update-ignores-accepted", "gdn-conv-prefill-chunk-window-shifted"]
+               "gdn-conv-update-ignores-accepted", "gdn-conv-prefill-chunk-window-shifted",
+               # written this pass, not run yet
+               "fmha-ctx-word-loads-off-by-4", "gdn-chunk-decay-one-token-late",
+               "gdn-two-pass-decay-one-token-late"]
 
 
 def jobs(py: str) -> list[Job]:
