@@ -28,29 +28,27 @@ steps where a request stops drafting after an acceptance.
 
 from __future__ import annotations
 
-import inspect
 import logging
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_patch.logprobs.runner_patch import _AfterImport, base_version
+from vllm_patch import rebind
 
 logger = logging.getLogger("vllm_patch")
 
-RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
-TARGET = f"{RUNNER_MODULE}.GPUModelRunner._prepare_inputs"
-EXPECTED_VERSION = "0.22.1"
-EXPECTED_PARAMS = ("self", "scheduler_output", "num_scheduled_tokens")
-# Names the 0.22.1 body uses for the accepted-count sync this fix runs after.
-EXPECTED_NAMES = frozenset({"num_accepted_tokens_event", "num_accepted_tokens",
-                            "num_accepted_tokens_cpu", "scheduled_spec_decode_tokens"})
-MARK = "__sm70_settle_accepted__"
+TARGET = rebind.Target(
+    module="vllm.v1.worker.gpu_model_runner", owner="GPUModelRunner", attr="_prepare_inputs",
+    version="0.22.1", params=("self", "scheduler_output", "num_scheduled_tokens"),
+    # names the 0.22.1 body uses for the accepted-count sync this fix runs after
+    names=frozenset({"num_accepted_tokens_event", "num_accepted_tokens",
+                     "num_accepted_tokens_cpu", "scheduled_spec_decode_tokens"}),
+    mark="__sm70_settle_accepted__")
+MARK = TARGET.mark
 COUNTS_ATTR = "_sm70_settled"  # on the runner: {"steps": n, "requests": n, "copies": n}
 
 
-class SettlePatchError(RuntimeError):
+class SettlePatchError(rebind.RebindError):
     """The rebinding's target is not the function it was written against."""
 
 
@@ -145,18 +143,7 @@ def applies(runner: Any) -> bool:
 
 
 def check_target(func: Any, version: str) -> None:
-    if base_version(version) != EXPECTED_VERSION:
-        raise SettlePatchError(f"{TARGET}: vLLM is {version}, this fix is written for "
-                               f"{EXPECTED_VERSION}; not installed")
-    code = getattr(func, "__code__", None)
-    if code is None:
-        raise SettlePatchError(f"{TARGET}: is {type(func).__name__}, not a function")
-    params = tuple(inspect.signature(func).parameters)
-    if params != EXPECTED_PARAMS:
-        raise SettlePatchError(f"{TARGET}: parameters {params}, expected {EXPECTED_PARAMS}")
-    missing = sorted(EXPECTED_NAMES - set(code.co_names))
-    if missing:
-        raise SettlePatchError(f"{TARGET}: its code no longer uses {missing}")
+    rebind.check(TARGET, func, version, SettlePatchError)
 
 
 def wrap(original: Any) -> Any:
@@ -166,51 +153,12 @@ def wrap(original: Any) -> Any:
             settle(self, scheduler_output)
         return out
 
-    setattr(_prepare_inputs, MARK, True)
-    _prepare_inputs.__wrapped__ = original  # type: ignore[attr-defined]
     return _prepare_inputs
 
 
-def install() -> str:
-    import vllm
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    current = GPUModelRunner.__dict__.get("_prepare_inputs")
-    if getattr(current, MARK, False):
-        return "wrapped (already installed)"
-    check_target(current, vllm.__version__)
-    GPUModelRunner._prepare_inputs = wrap(current)
-    return "wrapped (acts for hybrid models with speculative decoding)"
-
-
-_outcome: list[str] = []
-
-
-def install_or_refuse() -> str:
-    try:
-        return install()
-    except SettlePatchError as exc:
-        logger.error("sm70 plugin: accepted-state fix not installed: %s", exc)
-        return f"refused ({exc})"
-    except ImportError as exc:
-        return f"absent ({TARGET} does not import: {exc})"
-
-
-def outcome() -> str | None:
-    return _outcome[-1] if _outcome else None
-
-
-def install_when_imported() -> str:
-    """Now if vLLM's runner module is loaded, else right after it is imported (R5's way)."""
-    def run() -> None:
-        _outcome.append(install_or_refuse())
-
-    if RUNNER_MODULE in sys.modules:
-        run()
-        return _outcome[-1]
-    if not any(isinstance(f, _AfterImport) and getattr(f, "_sm70_settle", False)
-               for f in sys.meta_path):
-        hook = _AfterImport(RUNNER_MODULE, run)
-        hook._sm70_settle = True  # type: ignore[attr-defined]
-        sys.meta_path.insert(0, hook)
-    return f"deferred (installed when {RUNNER_MODULE} is imported)"
+_INSTALLER = rebind.Installer(TARGET, wrap, "acts for hybrid models with speculative decoding",
+                              SettlePatchError)
+install = _INSTALLER.install
+install_or_refuse = _INSTALLER.install_or_refuse
+outcome = _INSTALLER.outcome
+install_when_imported = _INSTALLER.install_when_imported

@@ -36,29 +36,27 @@ drafter are untouched.
 
 from __future__ import annotations
 
-import inspect
 import logging
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_patch.logprobs.runner_patch import _AfterImport, base_version
+from vllm_patch import rebind
 
 logger = logging.getLogger("vllm_patch")
 
-MODULE = "vllm.v1.core.kv_cache_coordinator"
-TARGET = f"{MODULE}.HybridKVCacheCoordinator.find_longest_cache_hit"
-EXPECTED_VERSION = "0.22.1"
-EXPECTED_PARAMS = ("self", "block_hashes", "max_cache_hit_length")
-# Names the 0.22.1 body uses for the look-ahead this fix takes away from the GDN groups.
-EXPECTED_NAMES = frozenset({"eagle_attn_group_indices", "attention_groups",
-                            "find_longest_cache_hit"})
-MARK = "__sm70_prefix_state__"
+TARGET = rebind.Target(
+    module="vllm.v1.core.kv_cache_coordinator", owner="HybridKVCacheCoordinator",
+    attr="find_longest_cache_hit", version="0.22.1",
+    params=("self", "block_hashes", "max_cache_hit_length"),
+    # names the 0.22.1 body uses for the look-ahead this fix takes away from the GDN groups
+    names=frozenset({"eagle_attn_group_indices", "attention_groups", "find_longest_cache_hit"}),
+    mark="__sm70_prefix_state__")
+MARK = TARGET.mark
 STATE_ATTR = "_sm70_prefix_state"  # on the coordinator: what the fix did there
 
 
-class PrefixStatePatchError(RuntimeError):
+class PrefixStatePatchError(rebind.RebindError):
     """The rebinding's target is not the function it was written against."""
 
 
@@ -137,19 +135,7 @@ def checked(coordinator: Any, state: dict[str, Any],
 
 
 def check_target(func: Any, version: str) -> None:
-    if base_version(version) != EXPECTED_VERSION:
-        raise PrefixStatePatchError(f"{TARGET}: vLLM is {version}, this fix is written for "
-                                    f"{EXPECTED_VERSION}; not installed")
-    code = getattr(func, "__code__", None)
-    if code is None:
-        raise PrefixStatePatchError(f"{TARGET}: is {type(func).__name__}, not a function")
-    params = tuple(inspect.signature(func).parameters)
-    if params != EXPECTED_PARAMS:
-        raise PrefixStatePatchError(f"{TARGET}: parameters {params}, "
-                                    f"expected {EXPECTED_PARAMS}")
-    missing = sorted(EXPECTED_NAMES - set(code.co_names))
-    if missing:
-        raise PrefixStatePatchError(f"{TARGET}: its code no longer uses {missing}")
+    rebind.check(TARGET, func, version, PrefixStatePatchError)
 
 
 def wrap(original: Any) -> Any:
@@ -159,52 +145,15 @@ def wrap(original: Any) -> Any:
         result = original(self, block_hashes, max_cache_hit_length)
         return result if state is None else checked(self, state, result)
 
-    setattr(find_longest_cache_hit, MARK, True)
-    find_longest_cache_hit.__wrapped__ = original  # type: ignore[attr-defined]
     return find_longest_cache_hit
 
 
-def install() -> str:
-    import vllm
-    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
-
-    current = HybridKVCacheCoordinator.__dict__.get("find_longest_cache_hit")
-    if getattr(current, MARK, False):
-        return "wrapped (already installed)"
-    check_target(current, vllm.__version__)
-    HybridKVCacheCoordinator.find_longest_cache_hit = wrap(current)
-    return "wrapped (acts for hybrid models with align prefix caching and MTP/EAGLE)"
-
-
-_outcome: list[str] = []
-
-
-def install_or_refuse() -> str:
-    try:
-        return install()
-    except PrefixStatePatchError as exc:
-        logger.error("sm70 plugin: prefix-hit fix not installed: %s", exc)
-        return f"refused ({exc})"
-    except ImportError as exc:
-        return f"absent ({TARGET} does not import: {exc})"
-
-
-def outcome() -> str | None:
-    return _outcome[-1] if _outcome else None
-
-
-def install_when_imported() -> str:
-    """Now if vLLM's coordinator module is loaded, else right after it is imported (the
-    engine core's scheduler imports it; R5's way)."""
-    def run() -> None:
-        _outcome.append(install_or_refuse())
-
-    if MODULE in sys.modules:
-        run()
-        return _outcome[-1]
-    if not any(isinstance(f, _AfterImport) and getattr(f, "_sm70_prefix_state", False)
-               for f in sys.meta_path):
-        hook = _AfterImport(MODULE, run)
-        hook._sm70_prefix_state = True  # type: ignore[attr-defined]
-        sys.meta_path.insert(0, hook)
-    return f"deferred (installed when {MODULE} is imported)"
+_INSTALLER = rebind.Installer(
+    TARGET, wrap, "acts for hybrid models with align prefix caching and MTP/EAGLE",
+    PrefixStatePatchError)
+install = _INSTALLER.install
+install_or_refuse = _INSTALLER.install_or_refuse
+outcome = _INSTALLER.outcome
+# now if vLLM's coordinator module is loaded, else right after the engine core's scheduler
+# imports it
+install_when_imported = _INSTALLER.install_when_imported

@@ -1,0 +1,111 @@
+"""One checked rebinding of a vLLM 0.22.1 method, installed when its module is imported.
+
+The runtime patches R7 and R8 (`runtime_patches/README.md`) each replace one method by a
+wrapper around it. What they share lives here: the check that the method is still the
+one the wrapper was written against (vLLM's version, its parameters, names its body uses),
+the idempotent install, the refusal that leaves vLLM's method in place with one logged
+line, and the import hook that defers the install until the module is imported (only the
+processes that import it pay for it; R5's way, `logprobs/runner_patch.py`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_patch.logprobs.runner_patch import _AfterImport, base_version
+
+logger = logging.getLogger("vllm_patch")
+
+
+class RebindError(RuntimeError):
+    """The rebinding's target is not the function it was written against."""
+
+
+@dataclass(frozen=True)
+class Target:
+    module: str
+    owner: str  # the class in `module`
+    attr: str
+    version: str
+    params: tuple[str, ...]
+    names: frozenset[str]  # names the target's body must still use
+    mark: str  # attribute set on the wrapper: installed already
+
+    @property
+    def path(self) -> str:
+        return f"{self.module}.{self.owner}.{self.attr}"
+
+
+def check(target: Target, func: Any, version: str,
+          error: type[RebindError] = RebindError) -> None:
+    """Raise `error` (one line naming what differs) unless `func` is the expected target."""
+    if base_version(version) != target.version:
+        raise error(f"{target.path}: vLLM is {version}, this fix is written for "
+                    f"{target.version}; not installed")
+    code = getattr(func, "__code__", None)
+    if code is None:
+        raise error(f"{target.path}: is {type(func).__name__}, not a function")
+    params = tuple(inspect.signature(func).parameters)
+    if params != target.params:
+        raise error(f"{target.path}: parameters {params}, expected {target.params}")
+    missing = sorted(target.names - set(code.co_names))
+    if missing:
+        raise error(f"{target.path}: its code no longer uses {missing}")
+
+
+@dataclass
+class Installer:
+    """Installs `wrap(original)` in place of the target, once per process."""
+
+    target: Target
+    wrap: Callable[[Any], Any]
+    acts: str  # what the installed wrapper acts on, for the report line
+    error: type[RebindError] = RebindError
+    outcomes: list[str] = field(default_factory=list)
+
+    def install(self) -> str:
+        import vllm
+
+        owner = getattr(importlib.import_module(self.target.module), self.target.owner)
+        current = owner.__dict__.get(self.target.attr)
+        if getattr(current, self.target.mark, False):
+            return "wrapped (already installed)"
+        check(self.target, current, vllm.__version__, self.error)
+        wrapper = self.wrap(current)
+        setattr(wrapper, self.target.mark, True)
+        wrapper.__wrapped__ = current
+        setattr(owner, self.target.attr, wrapper)
+        return f"wrapped ({self.acts})"
+
+    def install_or_refuse(self) -> str:
+        try:
+            return self.install()
+        except RebindError as exc:
+            logger.error("sm70 plugin: %s not rebound: %s", self.target.path, exc)
+            return f"refused ({exc})"
+        except ImportError as exc:
+            return f"absent ({self.target.path} does not import: {exc})"
+
+    def outcome(self) -> str | None:
+        return self.outcomes[-1] if self.outcomes else None
+
+    def install_when_imported(self) -> str:
+        """Now if the target's module is loaded, else right after it is imported."""
+        def run() -> None:
+            self.outcomes.append(self.install_or_refuse())
+
+        if self.target.module in sys.modules:
+            run()
+            return self.outcomes[-1]
+        if not any(isinstance(f, _AfterImport) and getattr(f, "_sm70_mark", None)
+                   == self.target.mark for f in sys.meta_path):
+            hook = _AfterImport(self.target.module, run)
+            hook._sm70_mark = self.target.mark  # type: ignore[attr-defined]
+            sys.meta_path.insert(0, hook)
+        return f"deferred (installed when {self.target.module} is imported)"
