@@ -94,7 +94,8 @@ def gdn_chunk_flops(s: Shape, tokens: int) -> float:
 
 
 def project(s: Shape, tokens: int, tp: int = 2,
-            fmha_rate: float = TFLOPS_VOLTA_TC_KERNEL) -> dict[str, Any]:
+            fmha_rate: float = TFLOPS_VOLTA_TC_KERNEL,
+            gdn_chunk_rate: float = TFLOPS_VOLTA_TC_KERNEL) -> dict[str, Any]:
     p = linear_params(s)
     dec = p["mlp"] + p["full_attention"] + p["gdn"]
     prefill = {
@@ -108,7 +109,7 @@ def project(s: Shape, tokens: int, tp: int = 2,
         "gdn_chunk (Triton, FMA)": {"flop": gdn_chunk_flops(s, tokens) / tp,
                                     "rate": TFLOPS_TRITON_FMA, "note": "stock FLA on sm_70"},
         "gdn_chunk (Volta TC)": {"flop": gdn_chunk_flops(s, tokens) / tp,
-                                 "rate": TFLOPS_VOLTA_TC_KERNEL, "note": "issue 23"},
+                                 "rate": gdn_chunk_rate, "note": "issue 23 (not routed yet)"},
     }
     conv_ch = (2 * s.k_heads + s.v_heads) * s.gdn_dim // tp
     # memory-bound elementwise work: conv1d in/out, norms and gating over the residual stream
@@ -119,9 +120,11 @@ def project(s: Shape, tokens: int, tp: int = 2,
         v["seconds"] = v["flop"] / v["rate"] if "flop" in v else v["bytes"] / v["rate_bytes"]
     stock = ["linear", "attention (Triton, FMA)", "gdn_chunk (Triton, FMA)",
              "conv1d, norms, gating"]
-    # what the stack runs today: our FMHA, FLA's chunk kernel (ours is not written)
+    # what the stack runs today: our FMHA, FLA's chunk kernel (ours exists, not routed)
     ours = ["linear", "attention (Volta TC FMHA)", "gdn_chunk (Triton, FMA)",
             "conv1d, norms, gating"]
+    routed = ["linear", "attention (Volta TC FMHA)", "gdn_chunk (Volta TC)",
+              "conv1d, norms, gating"]
     decode_bytes = {
         "linear (int8 weights)": dec / tp + p["lm_head"] / tp,
         "gdn_recurrent (fp32 state read + write)": s.gdn_layers * (s.v_heads // tp)
@@ -138,7 +141,9 @@ def project(s: Shape, tokens: int, tp: int = 2,
                   "volta_tc_kernel_flops": TFLOPS_VOLTA_TC_KERNEL, "hbm_bytes_s": HBM},
         "prefill": prefill,
         "prefill_total_s": {"stock": sum(prefill[k]["seconds"] for k in stock),
-                            "with_our_kernels": sum(prefill[k]["seconds"] for k in ours)},
+                            "with_our_kernels": sum(prefill[k]["seconds"] for k in ours),
+                            "with_our_gdn_chunk_too": sum(prefill[k]["seconds"]
+                                                          for k in routed)},
         "decode_step_bytes": decode_bytes,
         "decode_step_ms": {k: v / HBM * 1e3 for k, v in decode_bytes.items()},
     }
@@ -154,7 +159,8 @@ def table(r: dict[str, Any]) -> str:
         lines.append(f"| {k} | {amount} | {rate} | {v['seconds']:.2f} |")
     t = r["prefill_total_s"]
     lines += ["", f"total: stock {t['stock']:.1f} s, with our kernels "
-              f"{t['with_our_kernels']:.1f} s", "",
+              f"{t['with_our_kernels']:.1f} s, with our GDN chunk kernel routed too "
+              f"{t['with_our_gdn_chunk_too']:.1f} s", "",
               "Decode step, batch 1, per GPU (PROJECTED, bytes at HBM rate)", "",
               "| what | MB | ms |", "|---|---|---|"]
     for k, b in r["decode_step_bytes"].items():
@@ -168,10 +174,15 @@ def main() -> int:
     ap.add_argument("--fmha-fraction", type=float, default=None,
                     help="our FMHA's measured fraction of the m8n8k4 peak (bench/bench_fmha.py), "
                     "applied to the V100's 125 TFLOP/s nominal; default: the 55 TFLOP/s above")
+    ap.add_argument("--gdn-chunk-fraction", type=float, default=None,
+                    help="our chunked GDN prefill's measured fraction of the m8n8k4 peak "
+                    "(bench/bench_gdn_chunk.py), on the same 125 TFLOP/s; default: 55 TFLOP/s")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
     rate = TFLOPS_VOLTA_TC_KERNEL if a.fmha_fraction is None else a.fmha_fraction * V100_TC_PEAK
-    r = project(reference_shape(), a.tokens, fmha_rate=rate)
+    gdn_rate = (TFLOPS_VOLTA_TC_KERNEL if a.gdn_chunk_fraction is None
+                else a.gdn_chunk_fraction * V100_TC_PEAK)
+    r = project(reference_shape(), a.tokens, fmha_rate=rate, gdn_chunk_rate=gdn_rate)
     print(table(r))
     if a.out:
         a.out.write_text(json.dumps(r, indent=1))

@@ -44,3 +44,11 @@ def test_decode_reads_the_int8_weights_once_per_gpu():
     # 48 layers x 24 value heads per GPU x 128 x 128 fp32, read and written
     assert r["decode_step_bytes"]["gdn_recurrent (fp32 state read + write)"] == (
         48 * 24 * 128 * 128 * 4 * 2)
+
+
+def test_routing_our_gdn_chunk_replaces_only_the_gdn_term():
+    r = proj.project(proj.reference_shape(), 250_000, gdn_chunk_rate=80e12)
+    p, t = r["prefill"], r["prefill_total_s"]
+    fla, ours = p["gdn_chunk (Triton, FMA)"]["seconds"], p["gdn_chunk (Volta TC)"]["seconds"]
+    assert ours == pytest.approx(p["gdn_chunk (Volta TC)"]["flop"] / 80e12)
+    assert t["with_our_gdn_chunk_too"] == pytest.approx(t["with_our_kernels"] - fla + ours)
