@@ -89,6 +89,16 @@ def _index_columns(state_indices: torch.Tensor) -> torch.Tensor:
     return state_indices.reshape(state_indices.shape[0], -1)
 
 
+def _delta_step(h: torch.Tensor, qn: torch.Tensor, kn: torch.Tensor, v: torch.Tensor,
+                g: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the gated delta rule on h [HV, dv, dk] (float64): decay, the delta
+    update with normalised key kn, then the output for normalised, scaled query qn."""
+    h = h * torch.exp(g).view(-1, 1, 1)
+    u = beta.view(-1, 1) * (v.to(F64) - torch.einsum("hvk,hk->hv", h, kn))
+    h = h + u.unsqueeze(-1) * kn.unsqueeze(1)
+    return h, torch.einsum("hvk,hk->hv", h, qn)
+
+
 # ---------------------------------------------------------------- recurrent decode
 def gdn_recurrent_reference(
     qkv: torch.Tensor,
@@ -132,10 +142,7 @@ def gdn_recurrent_reference(
         for i, t in enumerate(range(bos, eos)):
             qn = l2norm(q_all[t]).repeat_interleave(group, dim=0) * scale  # [HV, dk]
             kn = l2norm(k_all[t]).repeat_interleave(group, dim=0)
-            h = h * torch.exp(g_all[t]).view(-1, 1, 1)
-            u = beta_all[t].view(-1, 1) * (v_all[t].to(F64) - torch.einsum("hvk,hk->hv", h, kn))
-            h = h + u.unsqueeze(-1) * kn.unsqueeze(1)
-            out[t] = torch.einsum("hvk,hk->hv", h, qn)
+            h, out[t] = _delta_step(h, qn, kn, v_all[t], g_all[t], beta_all[t])
             if i < cols and row[i] > 0:
                 if state.dtype == torch.int16:
                     codes, s = state_int16_quantize(h)
@@ -277,11 +284,7 @@ def gdn_prefill_reference(
         qn_all = l2norm(q_all[bos:eos]).repeat_interleave(group, dim=1) * scale
         kn_all = l2norm(k_all[bos:eos]).repeat_interleave(group, dim=1)
         for i, t in enumerate(range(bos, eos)):
-            kn = kn_all[i]
-            h = h * torch.exp(g_all[t]).view(-1, 1, 1)
-            u = beta_all[t].view(-1, 1) * (v_all[t].to(F64) - torch.einsum("hvk,hk->hv", h, kn))
-            h = h + u.unsqueeze(-1) * kn.unsqueeze(1)
-            out[t] = torch.einsum("hvk,hk->hv", h, qn_all[i])
+            h, out[t] = _delta_step(h, qn_all[i], kn_all[i], v_all[t], g_all[t], beta_all[t])
         state[slot] = h.to(state.dtype)
     return out
 
