@@ -5,22 +5,64 @@ wrapper around it. What they share lives here: the check that the method is stil
 one the wrapper was written against (vLLM's version, its parameters, names its body uses),
 the idempotent install, the refusal that leaves vLLM's method in place with one logged
 line, and the import hook that defers the install until the module is imported (only the
-processes that import it pay for it; R5's way, `logprobs/runner_patch.py`).
+processes that import it pay for it). R5, R-ASSIST and R6 keep installers of their own
+(they record more) but use `check`, `base_version` and `AfterImport` from here.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import inspect
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
-from vllm_patch.logprobs.runner_patch import _AfterImport, base_version
-
 logger = logging.getLogger("vllm_patch")
+
+
+def base_version(version: str) -> str:
+    """'0.22.1' of '0.22.1', '0.22.1+cu130' or '0.22.1.dev3+g0dec' (local/dev tags are
+    builds of the same source)."""
+    return version.split("+", 1)[0].split(".dev", 1)[0]
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then()` right after `name` has been imported (once), through the loader
+    the other finders pick for it."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if loader is None or exec_module is None:
+            return spec
+        then = self.then
+
+        def exec_then(module: ModuleType) -> None:
+            exec_module(module)
+            then()
+
+        loader.exec_module = exec_then  # type: ignore[method-assign]
+        return spec
+
 
 
 class RebindError(RuntimeError):
@@ -43,20 +85,23 @@ class Target:
 
 
 def check(target: Target, func: Any, version: str,
-          error: type[RebindError] = RebindError) -> None:
-    """Raise `error` (one line naming what differs) unless `func` is the expected target."""
+          error: type[RebindError] = RebindError, off_switch: str = "") -> None:
+    """Raise `error` (one line naming what differs) unless `func` is the expected target;
+    `off_switch` (e.g. "set logprobs.prompt_chunk to 0") joins the version refusal."""
     if base_version(version) != target.version:
-        raise error(f"{target.path}: vLLM is {version}, this fix is written for "
-                    f"{target.version}; not installed")
+        how = f" ({off_switch} to silence, or port it)" if off_switch else ""
+        raise error(f"{target.path}: vLLM is {version}, this rebinding is written for "
+                    f"{target.version}; not installed{how}")
     code = getattr(func, "__code__", None)
-    if code is None:
-        raise error(f"{target.path}: is {type(func).__name__}, not a function")
+    if not callable(func) or code is None:
+        raise error(f"{target.path}: is {type(func).__name__}, not a function; not installed")
     params = tuple(inspect.signature(func).parameters)
     if params != target.params:
-        raise error(f"{target.path}: parameters {params}, expected {target.params}")
+        raise error(f"{target.path}: parameters {params}, expected {target.params}; "
+                    "not installed")
     missing = sorted(target.names - set(code.co_names))
     if missing:
-        raise error(f"{target.path}: its code no longer uses {missing}")
+        raise error(f"{target.path}: its code no longer uses {missing}; not installed")
 
 
 @dataclass
@@ -103,9 +148,9 @@ class Installer:
         if self.target.module in sys.modules:
             run()
             return self.outcomes[-1]
-        if not any(isinstance(f, _AfterImport) and getattr(f, "_sm70_mark", None)
+        if not any(isinstance(f, AfterImport) and getattr(f, "_sm70_mark", None)
                    == self.target.mark for f in sys.meta_path):
-            hook = _AfterImport(self.target.module, run)
+            hook = AfterImport(self.target.module, run)
             hook._sm70_mark = self.target.mark  # type: ignore[attr-defined]
             sys.meta_path.insert(0, hook)
         return f"deferred (installed when {self.target.module} is imported)"

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from vllm_patch.clef.batch import ScoreSpec, request_flags, rows_this_step, score_spec
+from vllm_patch.rebind import base_version
 
 logger = logging.getLogger("vllm_patch")
 
@@ -153,10 +154,6 @@ def collect_after_forward(runner: Any, output: Any) -> None:
         return
     with _lock:
         SCORES.collect(hidden, pending)
-
-
-def base_version(version: str) -> str:
-    return version.split("+", 1)[0].split(".dev", 1)[0]
 
 
 def check_target(cls: type, version: str) -> None:

@@ -15,16 +15,14 @@ log-probs: `slices.sliced_prompt_logprobs`, at most `rows_per_slice` rows at a t
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import inspect
 import logging
 import sys
-from collections.abc import Callable, Sequence
-from types import ModuleType
+from collections.abc import Callable
 from typing import Any
 
+from vllm_patch import rebind
 from vllm_patch.logprobs.plan import plan_step
+from vllm_patch.rebind import AfterImport as _AfterImport
 
 logger = logging.getLogger("vllm_patch")
 
@@ -39,37 +37,19 @@ EXPECTED_NAMES = frozenset({
     "compute_logits", "compute_logprobs", "gather_logprobs", "_sync_device",
 })
 MARK = "__sm70_prompt_logprobs_rows__"
+_TARGET = rebind.Target(RUNNER_MODULE, "GPUModelRunner", "_get_prompt_logprobs_dict",
+                        EXPECTED_VERSION, EXPECTED_PARAMS, EXPECTED_NAMES, MARK)
 REPLACES = "__sm70_replaces__"  # the replacement keeps vLLM's function here
 
 
-class PromptLogprobsPatchError(RuntimeError):
+class PromptLogprobsPatchError(rebind.RebindError):
     """The rebinding's target is not the function it was written against."""
-
-
-def base_version(version: str) -> str:
-    """'0.22.1' of '0.22.1', '0.22.1+cu130' or '0.22.1.dev3+g0dec' (local/dev tags are
-    builds of the same source)."""
-    return version.split("+", 1)[0].split(".dev", 1)[0]
 
 
 def check_target(func: Any, version: str) -> None:
     """Raise `PromptLogprobsPatchError` unless `func` looks like vLLM 0.22.1's method."""
-    if base_version(version) != EXPECTED_VERSION:
-        raise PromptLogprobsPatchError(
-            f"{TARGET}: vLLM is {version}, this rebinding is written for {EXPECTED_VERSION}; "
-            "not installed (set logprobs.prompt_chunk to 0 to silence, or port it)")
-    code = getattr(func, "__code__", None)
-    if not callable(func) or code is None:
-        raise PromptLogprobsPatchError(f"{TARGET}: is {type(func).__name__}, not a function; "
-                                       "not installed")
-    params = tuple(inspect.signature(func).parameters)
-    if params != EXPECTED_PARAMS:
-        raise PromptLogprobsPatchError(
-            f"{TARGET}: parameters {params}, expected {EXPECTED_PARAMS}; not installed")
-    missing = sorted(EXPECTED_NAMES - set(code.co_names))
-    if missing:
-        raise PromptLogprobsPatchError(
-            f"{TARGET}: its code no longer uses {missing}; not installed")
+    rebind.check(_TARGET, func, version, PromptLogprobsPatchError,
+                 "set logprobs.prompt_chunk to 0")
 
 
 def sliced_method(rows_per_slice: int) -> Callable[..., dict[str, Any]]:
@@ -165,39 +145,6 @@ _outcome: list[str] = []
 def outcome() -> str | None:
     """What the last install attempt in this process said (None: none has run yet)."""
     return _outcome[-1] if _outcome else None
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `then()` right after `name` has been imported (once), through the loader
-    the other finders pick for it."""
-
-    def __init__(self, name: str, then: Callable[[], None]) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find else None
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        exec_module = getattr(loader, "exec_module", None)
-        if loader is None or exec_module is None:
-            return spec
-        then = self.then
-
-        def exec_then(module: ModuleType) -> None:
-            exec_module(module)
-            then()
-
-        loader.exec_module = exec_then  # type: ignore[method-assign]
-        return spec
 
 
 def install_when_imported(rows_per_slice: int) -> str:

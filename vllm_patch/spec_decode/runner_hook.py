@@ -16,11 +16,10 @@ uses); anything else is refused with `AssistPatchError` naming what differs.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import Any
 
-from vllm_patch.logprobs.runner_patch import base_version
+from vllm_patch import rebind
 from vllm_patch.spec_decode.assist import AssistParams, AssistState
 
 logger = logging.getLogger("vllm_patch")
@@ -38,29 +37,17 @@ EXPECTED_NAMES = frozenset({
 })
 MARK = "__sm70_ngram_assist__"
 REPLACES = "__sm70_replaces__"
+_TARGET = rebind.Target(RUNNER_MODULE, "GPUModelRunner", "propose_draft_token_ids",
+                        EXPECTED_VERSION, EXPECTED_PARAMS, EXPECTED_NAMES, MARK)
 STATE_ATTR = "_sm70_assist"  # on the runner: an AssistState, or a str saying why none
 
 
-class AssistPatchError(RuntimeError):
+class AssistPatchError(rebind.RebindError):
     """The rebinding's target is not the function it was written against."""
 
 
 def check_target(func: Any, version: str) -> None:
-    if base_version(version) != EXPECTED_VERSION:
-        raise AssistPatchError(
-            f"{TARGET}: vLLM is {version}, this rebinding is written for {EXPECTED_VERSION}; "
-            "not installed (set spec.ngram_assist false to silence, or port it)")
-    code = getattr(func, "__code__", None)
-    if not callable(func) or code is None:
-        raise AssistPatchError(f"{TARGET}: is {type(func).__name__}, not a function; "
-                               "not installed")
-    params = tuple(inspect.signature(func).parameters)
-    if params != EXPECTED_PARAMS:
-        raise AssistPatchError(f"{TARGET}: parameters {params}, expected {EXPECTED_PARAMS}; "
-                               "not installed")
-    missing = sorted(EXPECTED_NAMES - set(code.co_names))
-    if missing:
-        raise AssistPatchError(f"{TARGET}: its code no longer uses {missing}; not installed")
+    rebind.check(_TARGET, func, version, AssistPatchError, "set spec.ngram_assist false")
 
 
 def why_inactive(runner: Any) -> str | None:
@@ -193,7 +180,6 @@ def install_when_imported(spec_cfg: Any) -> str:
     imported (only engine workers import it), like R5."""
     import sys
 
-    from vllm_patch.logprobs.runner_patch import _AfterImport
 
     def run() -> None:
         _outcome.append(install_or_refuse(spec_cfg))
@@ -203,6 +189,6 @@ def install_when_imported(spec_cfg: Any) -> str:
         return _outcome[-1]
     if not _armed:
         _armed.append(True)
-        sys.meta_path.insert(0, _AfterImport(RUNNER_MODULE, run))
+        sys.meta_path.insert(0, rebind.AfterImport(RUNNER_MODULE, run))
     return (f"deferred (n {spec_cfg.ngram_min}..{spec_cfg.ngram_max}; installed when "
             f"{RUNNER_MODULE} is imported)")
