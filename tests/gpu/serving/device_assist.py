@@ -48,28 +48,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 AB = HERE.parents[0] / "ab"
+sys.path.insert(0, str(HERE))
+from device_io import atomic_write, log, read_json  # noqa: E402
+
 ENGINES = ("E0", "E1", "E2")
 KV_BYTES = 512 << 20
 MAX_LEN = 4096
 MARGIN_S = 25  # left to judge and write after the engines are stopped
 MIXED_TOKENS = (64, 40, 80, 24)  # `mixed`: each request its own length
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def atomic_write(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 # --- plans and configs (pure) ------------------------------------------------------------

@@ -41,6 +41,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(HERE.parents[0] / "ab"))
 sys.path.insert(0, str(HERE))
+from device_io import atomic_write, log, read_json  # noqa: E402
 
 ENGINES = ("spec", "plain", "spec_graphs")
 K = 3
@@ -52,23 +53,6 @@ DRAFT_METHOD = "DraftInt8LinearMethod"
 # gate_up_proj, down_proj (one MTP layer in the tiny checkpoint).
 DRAFT_LINEARS = 5
 MARGIN_S = 20
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def atomic_write(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 # ---------------------------------------------------------------------- pure parts

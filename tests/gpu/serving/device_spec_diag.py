@@ -23,7 +23,6 @@ both (the no-speculation A/Bs of this tree measured <= 0.1 on the tiny model).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
@@ -37,6 +36,7 @@ sys.path.insert(0, str(HERE.parents[0] / "ab"))
 sys.path.insert(0, str(HERE))
 import spec_cases as sc  # noqa: E402
 from compare import compare_sides  # noqa: E402
+from device_io import atomic_write, read_json  # noqa: E402
 from run_ab import side_env, start  # noqa: E402
 
 KV_BYTES = 1 << 30
@@ -164,15 +164,15 @@ def main() -> int:
     while any(p.poll() is None for p in procs.values()) and time.time() < deadline:
         time.sleep(3)
         for k in configs:
-            with contextlib.suppress(OSError, ValueError):
-                engines[k] = json.loads(files[k].read_text())
+            got = read_json(files[k])
+            if got is not None:
+                engines[k] = got
         if stage1 is None:
             block = next((e["engine"]["block_size"] for e in engines.values()
                           if e.get("engine")), None)
             if block:
                 stage1 = sc.stage1_plan(int(block))
-                (plan_dir / "stage1.json.tmp").write_text(json.dumps(stage1))
-                (plan_dir / "stage1.json.tmp").replace(plan_dir / "stage1.json")
+                atomic_write(plan_dir / "stage1.json", stage1)
                 summary["block_size"] = block
         if stage1 is not None and stage2 is None:
             src = next((k for k in ("O0", "S0", *configs) if k in engines
@@ -181,8 +181,7 @@ def main() -> int:
                 rows = engines[src]["phases"]["seed"]
                 stage2 = sc.stage2_plan(stage1["phases"]["seed"][0][0]["prompt"],
                                         rows[0]["tokens"], src)
-                (plan_dir / "stage2.json.tmp").write_text(json.dumps(stage2))
-                (plan_dir / "stage2.json.tmp").replace(plan_dir / "stage2.json")
+                atomic_write(plan_dir / "stage2.json", stage2)
                 summary["stage2_seed_source"] = src
         summary["progress"] = {k: {"error": e.get("error"), "startup_s": e.get("startup_s"),
                                    "phases": len(e.get("phases") or {})}

@@ -39,6 +39,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))  # this driver runs no vLLM: our n-gram rule is read from here
 import spec_cases as sc  # noqa: E402
 from compare import compare_sides  # noqa: E402
+from device_io import atomic_write, log, read_json  # noqa: E402
 from run_ab import side_env, start  # noqa: E402
 
 from vllm_patch.spec_decode import ngram  # noqa: E402
@@ -46,23 +47,6 @@ from vllm_patch.spec_decode import ngram  # noqa: E402
 KV_BYTES = 1 << 30
 # Leave time to compare and write after the engines are stopped.
 MARGIN_S = 25
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def atomic_write(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def acceptance_report(engines: dict[str, dict[str, Any]], prompts: dict[str, list[int]]
