@@ -28,14 +28,11 @@ steps where a request stops drafting after an acceptance.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vllm_patch import rebind
-
-logger = logging.getLogger("vllm_patch")
 
 TARGET = rebind.Target(
     module="vllm.v1.worker.gpu_model_runner", owner="GPUModelRunner", attr="_prepare_inputs",
