@@ -49,3 +49,15 @@ def test_anything_else_is_refused_naming_what_differs(func: Any, version: str,
     with pytest.raises(Mine, match=r"m\.C\.f: ") as got:
         rebind.check(T, func, version, Mine)
     assert says in str(got.value) and "\n" not in str(got.value)
+
+
+def test_defer_keeps_one_hook_per_mark_and_one_for_each_mark(monkeypatch: Any) -> None:
+    import sys
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    before = len(sys.meta_path)
+    rebind.defer("some.module", "__a__", lambda: None)
+    rebind.defer("some.module", "__a__", lambda: None)  # a second register(): no new hook
+    rebind.defer("some.module", "__b__", lambda: None)  # another rebinding of the module
+    marks = [getattr(f, "_sm70_mark", None) for f in sys.meta_path[: len(sys.meta_path) - before]]
+    assert sorted(marks) == ["__a__", "__b__"]

@@ -69,6 +69,16 @@ class RebindError(RuntimeError):
     """The rebinding's target is not the function it was written against."""
 
 
+def defer(module: str, mark: str, run: Callable[[], None]) -> None:
+    """Run `run()` right after `module` is imported, once: a second call with the same
+    `mark` (another register() in the process) adds no second hook, while rebindings with
+    other marks on the same module each keep theirs."""
+    if not any(getattr(f, "_sm70_mark", None) == mark for f in sys.meta_path):
+        hook = AfterImport(module, run)
+        hook._sm70_mark = mark  # type: ignore[attr-defined]
+        sys.meta_path.insert(0, hook)
+
+
 @dataclass(frozen=True)
 class Target:
     module: str
@@ -148,9 +158,5 @@ class Installer:
         if self.target.module in sys.modules:
             run()
             return self.outcomes[-1]
-        if not any(isinstance(f, AfterImport) and getattr(f, "_sm70_mark", None)
-                   == self.target.mark for f in sys.meta_path):
-            hook = AfterImport(self.target.module, run)
-            hook._sm70_mark = self.target.mark  # type: ignore[attr-defined]
-            sys.meta_path.insert(0, hook)
+        defer(self.target.module, self.target.mark, run)
         return f"deferred (installed when {self.target.module} is imported)"

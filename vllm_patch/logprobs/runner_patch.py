@@ -22,7 +22,6 @@ from typing import Any
 
 from vllm_patch import rebind
 from vllm_patch.logprobs.plan import plan_step
-from vllm_patch.rebind import AfterImport as _AfterImport
 
 logger = logging.getLogger("vllm_patch")
 
@@ -158,6 +157,6 @@ def install_when_imported(rows_per_slice: int) -> str:
     if RUNNER_MODULE in sys.modules:
         run()
         return _outcome[-1]
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(RUNNER_MODULE, run))
+    # by mark: any other rebinding's hook on the same module must not stand in for this one
+    rebind.defer(RUNNER_MODULE, MARK, run)
     return f"deferred ({rows_per_slice} rows; installed when {RUNNER_MODULE} is imported)"

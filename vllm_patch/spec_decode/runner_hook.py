@@ -167,7 +167,6 @@ def stats(runner: Any) -> dict[str, Any]:
 
 
 _outcome: list[str] = []
-_armed: list[bool] = []  # the import hook is armed once per process
 
 
 def outcome() -> str | None:
@@ -187,8 +186,6 @@ def install_when_imported(spec_cfg: Any) -> str:
     if RUNNER_MODULE in sys.modules:
         run()
         return _outcome[-1]
-    if not _armed:
-        _armed.append(True)
-        sys.meta_path.insert(0, rebind.AfterImport(RUNNER_MODULE, run))
+    rebind.defer(RUNNER_MODULE, MARK, run)
     return (f"deferred (n {spec_cfg.ngram_min}..{spec_cfg.ngram_max}; installed when "
             f"{RUNNER_MODULE} is imported)")
