@@ -43,6 +43,7 @@ from sm70ctl.output import Output
 from sm70ctl.plan.plan import PlanInputs
 from sm70ctl.runtime import command_line, compile_cache, environment, secrets
 from sm70ctl.runtime.plugin_config import PLUGIN_CONFIG_ENV
+from sm70ctl.serve import clef_args
 from sm70ctl.serve import command as serve_command
 from sm70ctl.settings import SettingsError, load_schema, load_settings
 from sm70ctl.settings.schema import VarSpec, parse_schema
@@ -315,8 +316,8 @@ def _supervisor(target: str, settings: Any, world: _Recorded) -> Any:
 
 def consumer_output(kind: str, target: str, settings: Any, world: _Recorded) -> Any:
     """What the production consumer `kind` produces at `target` for these settings."""
-    if kind == "vllm_flag":
-        argv = command_line.vllm_argv(settings)
+    if kind == "vllm_flag":  # the server's whole command line, as serve builds it
+        argv = command_line.vllm_argv(settings) + clef_args.clef_argv(settings)
         return argv[0] if target == "PYTHON" else _flag(argv, target)
     if kind == "vllm_secret":
         text = secrets.secrets_yaml(settings)
@@ -453,6 +454,7 @@ MUTATIONS = [
     ("SM70_NVCC_THREADS", build_command, "_config"),
     ("SM70_GPU_BUSY_MIB", serve_command, "_gather"),
     ("SM70_PORT", command_line, "vllm_argv"),
+    ("SM70_CLEF", clef_args, "clef_argv"),
     ("SM70_CACHE_DIR", environment, "vllm_env"),
     ("SM70_API_KEY", secrets, "secrets_yaml"),
     ("SM70_KV_CACHE_BYTES", PlanInputs, "from_settings"),
