@@ -58,11 +58,11 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 AB = ROOT / "tests" / "gpu" / "ab"
-for p in (str(AB), str(ROOT / "tests"), str(HERE)):
+for p in (str(AB), str(ROOT / "tests"), str(HERE), str(ROOT / "tests" / "gpu" / "serving")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-RANK = 16
+RANK = 64  # the smallest SM70_CLEF_RANK serve accepts (64, 128, 256): the server shares it
 NEW_TOKENS = 16
 MAX_BATCHED = 512
 CHAT_IDX = [0, 2, 3, 5, 8, 10]
@@ -74,12 +74,17 @@ HEAD = {"architecture": "joint-schema-v1", "input_size": 512, "width": 64, "bloc
         "attention_heads": 4, "mlp_size": 96, "kinds": ["choice", "score", "likelihood"],
         "max_questions": 64, "max_options": 32, "max_score_values": 101,
         "max_context": 32768}
-ENGINES = ("ours", "merged", "base16")
+ENGINES = ("ours", "merged")
 # the fp16 head against the float64 one: 2 % of the largest |logit| (fp16 carries ~0.1 %
 # per rounding, a few dozen roundings deep); the last gathered row's log-probs from the
 # lm_head here (fp32) against the engine's (its fp16 / int8 GEMM)
 HEAD_REL_TOL = 0.02
 LAST_ROW_TOL = 0.02
+BURSTS = 8
+IMAGES_PER_PROMPT = 2
+IMAGE_SIDES = ((64, 96), (64, 64))  # (height, width): multiples of 32 inside the pixel bounds
+IMAGE_REQUESTS = 2  # per burst, each with IMAGE_SIDES' two images
+HTTP_PROMPT_IDX = CLEF_IDX[0]  # the base-name completion's prompt: a Clef row in `mixed`
 
 
 # ------------------------------------------------------------------ pure helpers
@@ -234,30 +239,39 @@ def engine_main(name: str, spec_path: Path) -> int:
         from ab_side import engine_kwargs, run_phase, summarize_model
         from vllm import LLM, SamplingParams
 
-        kw = engine_kwargs(spec["model"], spec["mode"], MAX_BATCHED, max_len=spec["max_len"],
-                           kv_gib=spec["kv_gib"], util=spec["util"])
-        if spec["mode"] == "graphs":  # full graphs for decode batches, no torch.compile
-            kw["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
-                                        "cudagraph_capture_sizes": [1, 2, 4, 8, 16]}
-        if spec["clef"]:
-            kw["worker_extension_cls"] = WORKER_EXTENSION
-        try:
-            llm = LLM(**kw)
-        except Exception:
-            if spec["mode"] != "graphs" or time.time() > spec["deadline_wall"] - 200:
-                raise
-            # graphs refused: the rest still says something in eager mode (recorded)
-            res["graphs_startup_error"] = traceback.format_exc()[-4000:]
-            flush()
-            import gc
-
-            gc.collect()
-            torch.cuda.empty_cache()
-            kw = engine_kwargs(spec["model"], "eager", MAX_BATCHED, max_len=spec["max_len"],
+        attempts = [(spec["mode"], bool(spec.get("images")))]
+        if spec["mode"] == "graphs" or spec.get("images"):
+            attempts.append(("eager", False))  # what is left still says something
+        llm = None
+        for n, (mode, images) in enumerate(attempts):
+            kw = engine_kwargs(spec["model"], mode, MAX_BATCHED, max_len=spec["max_len"],
                                kv_gib=spec["kv_gib"], util=spec["util"])
-            kw["worker_extension_cls"] = WORKER_EXTENSION
-            llm = LLM(**kw)
-            res["mode"] = "eager (graphs failed)"
+            if mode == "graphs":  # full graphs for decode batches, no torch.compile
+                kw["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
+                                            "cudagraph_capture_sizes": [1, 2, 4, 8, 16]}
+            if images:
+                kw["limit_mm_per_prompt"] = {"image": IMAGES_PER_PROMPT, "video": 0}
+                # vLLM picks FLASH_ATTN for the vision tower on the H200, whose library in
+                # the device bundle is an empty shell (device_openai.vit_sdpa_python); a
+                # V100 gets TORCH_SDPA by itself
+                kw["mm_encoder_attn_backend"] = "TORCH_SDPA"
+            if spec["clef"]:
+                kw["worker_extension_cls"] = WORKER_EXTENSION
+            try:
+                llm = LLM(**kw)
+                res["mode"], res["images"] = mode, images
+                break
+            except Exception:
+                last = n == len(attempts) - 1
+                if last or time.time() > spec["deadline_wall"] - 200:
+                    raise
+                res.setdefault("startup_errors", []).append(
+                    {"mode": mode, "images": images, "error": traceback.format_exc()[-4000:]})
+                flush()
+                import gc
+
+                gc.collect()
+                torch.cuda.empty_cache()
         res["startup_s"] = round(time.time() - t0, 1)
         flush()
     except Exception:
@@ -288,6 +302,12 @@ def engine_main(name: str, spec_path: Path) -> int:
 
     if not spec["clef"]:
         phase("all", lambda: run_phase(llm, chat, prompts))
+        if spec.get("then_base"):
+            # the noise floor from this engine: the base fp16 weights loaded in place of
+            # the merged ones (one engine fewer to start), then the same batch again
+            phase("reload", lambda: reload_in_place(model, spec["then_base"], torch))
+            if res["phases"].get("reload", {}).get("effective"):
+                phase("base16", lambda: run_phase(llm, chat, prompts))
         return 0
     flagged = [clef if i in CLEF_IDX else chat for i in range(len(prompts))]
     # first the chat-only batch once more: any autotuning happens here, and the two
@@ -296,9 +316,93 @@ def engine_main(name: str, spec_path: Path) -> int:
     phase("mixed", lambda: run_phase(llm, flagged, prompts))
     phase("chat_only", lambda: run_phase(llm, chat, prompts))
     phase("memory", lambda: attached_bytes(model, spec["clef_dir"]))
+    phase("http_ref", lambda: http_reference(llm, torch))
     phase("scoring", lambda: scoring_phase(llm, spec, torch))
+    spec["images_on"] = bool(res.get("images"))
     phase("stability", lambda: stability_phase(llm, spec, torch, spec["deadline_wall"]))
     return 0
+
+
+def reload_in_place(model: Any, base_dir: str, torch: Any) -> dict[str, Any]:
+    """Load the base fp16 checkpoint into the running merged engine. Effective when a
+    corrected layer's down_proj (an unfused layer: its parameter is the checkpoint's tensor)
+    held the merged weights before and holds exactly the base ones after, and layer 0's
+    (not corrected) is the same before and after."""
+    from safetensors.torch import load_file
+
+    sd = load_file(str(Path(base_dir) / "model.safetensors"))
+    named = dict(model.named_parameters())
+
+    def pair(layer: int) -> tuple[str, str]:
+        tail = f"layers.{layer}.mlp.down_proj.weight"
+        return (next(n for n in named if n.endswith(tail)),
+                next(k for k in sd if k.endswith(tail)))
+
+    probes = {layer: pair(layer) for layer in (0, 40)}
+    before = {layer: named[p].detach().clone() for layer, (p, _k) in probes.items()}
+    t = time.time()
+    loaded = model.load_weights(iter(sd.items()))
+    torch.cuda.synchronize()
+    out: dict[str, Any] = {"seconds": round(time.time() - t, 2),
+                           "loaded": None if loaded is None else len(loaded)}
+    for layer, (p, k) in probes.items():
+        want = sd[k].to(named[p].device, named[p].dtype)
+        out[f"layer{layer}"] = {"param": p, "was_base": bool(torch.equal(before[layer], want)),
+                                "is_base": bool(torch.equal(named[p].detach(), want))}
+    out["effective"] = (out["layer0"]["was_base"] and out["layer0"]["is_base"]
+                        and not out["layer40"]["was_base"] and out["layer40"]["is_base"])
+    return out
+
+
+def http_score_body() -> dict[str, Any]:
+    """The typed questions the server scores, and `ours` engine-side (the same request)."""
+    from clef_http import CLEF_NAME
+
+    body = scoring_request(random.Random(31), 6)
+    body["model"] = CLEF_NAME
+    return body
+
+
+def http_reference(llm: Any, torch: Any) -> dict[str, Any]:
+    """The HTTP scoring request scored engine-side: rendered here, one request with the
+    Clef flag and the head's plan, the scores through collective_rpc, the response built by
+    the server's own function."""
+    from vllm_patch.clef.render import option_logits
+    from vllm_patch.clef.runner_hook import SCORES
+    from vllm_patch.clef.scoring import build_response
+
+    SCORES.keep_hidden = False
+    req, r = _render(llm.get_tokenizer(), http_score_body())
+    keys, _outs = _submit(llm, [r], [], torch)
+    logits = _take(llm, keys[0])
+    if logits is None:
+        return {"error": "no scores taken"}
+    return {"response": build_response(req, option_logits(r, logits), len(r.token_ids),
+                                       "engine-side", 0)}
+
+
+def image_prompts(tok: Any, seed: int) -> list[dict[str, Any]]:
+    """IMAGE_REQUESTS chat prompts of two images each (the chat template's placeholders),
+    with the placeholder count the processor must expand them to."""
+    import io
+
+    import openai_cases as oc
+    import tiny_serving
+    from PIL import Image
+
+    pad = "<|vision_start|><|image_pad|><|vision_end|>"
+    text = ("<|im_start|>user\n" + pad * IMAGES_PER_PROMPT
+            + "Describe both.<|im_end|>\n<|im_start|>assistant\n")
+    n_text = len(tok.encode(text, add_special_tokens=False))
+    want = n_text - IMAGES_PER_PROMPT + sum(tiny_serving.image_tokens(h, w)
+                                            for h, w in IMAGE_SIDES)
+    out = []
+    for i in range(IMAGE_REQUESTS):
+        imgs = [Image.open(io.BytesIO(oc.png_bytes(w, h, oc.gradient(seed * 7 + i * 2 + j))))
+                .convert("RGB") for j, (h, w) in enumerate(IMAGE_SIDES)]
+        out.append({"prompt": text, "multi_modal_data": {"image": imgs},
+                    "want_prompt_tokens": want})
+    return out
 
 
 def _worker_model(llm: Any) -> Any:
@@ -378,7 +482,8 @@ def _render(tok: Any, raw: dict[str, Any]) -> Any:
 
 
 def _submit(llm: Any, rendered: list[Any], chats: list[list[int]], torch: Any,
-            logprobs: int | None = None, salt_prefix: str = "") -> tuple[list[str], Any]:
+            logprobs: int | None = None, salt_prefix: str = "",
+            media: list[dict[str, Any]] | None = None) -> tuple[list[str], Any]:
     import uuid
 
     from vllm import SamplingParams
@@ -396,6 +501,9 @@ def _submit(llm: Any, rendered: list[Any], chats: list[list[int]], torch: Any,
     chat = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     for c in chats:
         prompts.append(TokensPrompt(prompt_token_ids=c))
+        sps.append(chat)
+    for m in media or []:
+        prompts.append({"prompt": m["prompt"], "multi_modal_data": m["multi_modal_data"]})
         sps.append(chat)
     outs = llm.generate(prompts, sps, use_tqdm=False)
     return keys, outs
@@ -476,20 +584,29 @@ def stability_phase(llm: Any, spec: dict[str, Any], torch: Any,
     tok = llm.get_tokenizer()
     rng = random.Random(23)
     bursts: list[dict[str, Any]] = []
-    for b in range(4):
+    images = bool(spec.get("images_on"))
+    for b in range(BURSTS):
         if time.time() > deadline_wall - 40:
             break
         rendered = [_render(tok, scoring_request(rng, 1 + (i * 5) % 12))[1] for i in range(10)]
-        # the same shapes every burst (lengths, question counts): only the numbers change,
-        # so the allocator has no reason to grow after the first
+        # the same shapes every burst (lengths, question counts, image sides): only the
+        # numbers change, so the allocator has no reason to grow after the first
         chats = [[rng.randrange(1024) for _ in range(n)] for n in (20, 300, 900) * 2]
+        media = image_prompts(tok, b) if images else []
         t = time.time()
-        keys, outs = _submit(llm, rendered, chats, torch, salt_prefix=f"b{b}-")
+        keys, outs = _submit(llm, rendered, chats, torch, salt_prefix=f"b{b}-", media=media)
         got = [_take(llm, k) for k in keys]
         ok = [g is not None and len(g) == len(r.positions) and all(math.isfinite(v) for v in g)
               for g, r in zip(got, rendered, strict=True)]
-        chat_ok = [len(o.outputs[0].token_ids) == NEW_TOKENS for o in outs[len(keys):]]
+        n_chat = len(keys) + len(chats)
+        chat_ok = [len(o.outputs[0].token_ids) == NEW_TOKENS for o in outs[len(keys):n_chat]]
+        img = [{"tokens": len(o.outputs[0].token_ids), "prompt_tokens": len(o.prompt_token_ids),
+                "want_prompt_tokens": m["want_prompt_tokens"]}
+               for o, m in zip(outs[n_chat:], media, strict=True)]
+        img_ok = sum(i["tokens"] == NEW_TOKENS and i["prompt_tokens"] == i["want_prompt_tokens"]
+                     for i in img)
         bursts.append({"scores_ok": sum(ok), "chats_ok": sum(chat_ok),
+                       "images_ok": img_ok if images else None, "image_rows": img[:1],
                        "seconds": round(time.time() - t, 2), **_mem(torch)})
     long_case: dict[str, Any] = {"skipped": "budget"}
     if time.time() < deadline_wall - 25:
@@ -501,7 +618,7 @@ def stability_phase(llm: Any, spec: dict[str, Any], torch: Any,
         long_case = {"prompt_tokens": len(long_r.token_ids), "max_len": spec["max_len"],
                      "scores_ok": g is not None and all(math.isfinite(v) for v in g),
                      **_mem(torch)}
-    return {"bursts": bursts, "long": long_case,
+    return {"bursts": bursts, "long": long_case, "images_on": images,
             "left_in_store": {"partial": len(SCORES.partial), "done": len(SCORES.done)}}
 
 
@@ -525,7 +642,7 @@ def check_clef_vs_merged(ours: dict[str, Any], merged: dict[str, Any],
     from compare import compare_request
 
     only, mixed = ours["phases"]["chat_only"], ours["phases"]["mixed"]
-    ref_m, ref_b = merged["phases"]["all"], base16["phases"]["all"]
+    ref_m, ref_b = merged["phases"]["all"], base16["phases"]["base16"]
     floor = [compare_request(ref_b[i], only[i]) for i in range(len(only))]
     noise = max(r["max_abs_dlogprob"] for r in floor)
     tol = clef_tolerance(noise)
@@ -566,19 +683,24 @@ def check_scoring(ours: dict[str, Any]) -> dict[str, Any]:
 def check_stability(ours: dict[str, Any]) -> dict[str, Any]:
     s = ours["phases"]["stability"]
     bursts = s["bursts"]
-    all_ok = all(b["scores_ok"] == 10 and b["chats_ok"] == 6 for b in bursts)
+    images = bool(s.get("images_on"))
+    all_ok = all(b["scores_ok"] == 10 and b["chats_ok"] == 6 and
+                 (not images or b["images_ok"] == IMAGE_REQUESTS) for b in bursts)
     long_ok = bool(s["long"].get("scores_ok"))
     left = s["left_in_store"]
     grow = no_growth(bursts)
-    passed: bool | None = all_ok and long_ok and grow and not left["partial"] and \
-        not left["done"]
-    if all_ok and (len(bursts) < 2 or s["long"].get("skipped")):
+    passed: bool | None = all_ok and images and long_ok and grow and not left["partial"] \
+        and not left["done"]
+    if all_ok and (len(bursts) < BURSTS or s["long"].get("skipped")):
         passed = None  # the budget ran out before the loop was whole: not run, not failed
-    return {"passed": passed,
+    return {"passed": passed, "why": None if images else "the engine started without images",
             "no_growth": grow, **s,
-            "figures": {"bursts": len(bursts),
+            "figures": {"bursts": len(bursts), "images_on": images,
+                        "image_requests": sum(b["images_ok"] or 0 for b in bursts),
                         "allocated_growth": (bursts[-1]["allocated"] - bursts[0]["allocated"]
                                              if bursts else None),
+                        "reserved_growth": (bursts[-1]["reserved"] - bursts[0]["reserved"]
+                                            if bursts else None),
                         "long_prompt_tokens": s["long"].get("prompt_tokens")}}
 
 
@@ -596,7 +718,64 @@ def check_memory(ours: dict[str, Any]) -> dict[str, Any]:
                                                   if "requested_delta" in a else None)}}
 
 
+def check_http(got: dict[str, Any] | None, ours: dict[str, Any],
+               merged: dict[str, Any]) -> dict[str, Any]:
+    import clef_http
+
+    if got is None or "cases" not in got:
+        return {"passed": None if got is None else False, "server": got}
+    try:
+        tol = check_clef_vs_merged(ours, merged, merged)["tolerance"]
+    except Exception:  # no noise floor: the base-name check falls back to the 0.02 floor
+        tol = clef_tolerance(0.0)
+    v = clef_http.judge(got["cases"], ours, HTTP_PROMPT_IDX, tol)
+    flags = [c.get("passed") for c in v.values()]
+    passed = None if any(f is None for f in flags) else all(flags)
+    return {"passed": passed, "cases": v, "server": got.get("server"),
+            "figures": {n: c.get("passed") for n, c in v.items()} | {
+                "score_max_abs_diff": v["clef_score"].get("max_abs_score_diff")}}
+
+
 # ------------------------------------------------------------------ driver
+def start_server(run: Run, model: Path, work: Path, share: float,
+                 deadline_wall: float) -> Any:
+    import clef_http
+
+    settings = clef_http.serve_settings(
+        model_dir=str(model), clef_dir=str(work / "clef"), rank=RANK,
+        share=max(0.01, round(share, 4)), work=str(work / "serve"),
+        startup_s=int(max(60, deadline_wall - time.time() - 60)),
+        serve_python=sys.executable)
+    server = clef_http.Server(run.out, work / "serve", settings)
+    try:
+        server.info["started"] = server.start()
+    except Exception:
+        server.info["start_error"] = traceback.format_exc()[-3000:]
+    return server
+
+
+def serve_cases(run: Run, server: Any, deadline_wall: float) -> dict[str, Any]:
+    """Wait for the server, run the HTTP cases, stop it (its memory and CPU go back to the
+    engines); what the server said, for `check_http`."""
+    import clef_http
+
+    got: dict[str, Any] = {}
+    try:
+        if server.info.get("started") and server.wait_ready(deadline_wall - 60):
+            got["cases"] = clef_http.run_cases(server.base, batch_prompts()[HTTP_PROMPT_IDX],
+                                               http_score_body(), NEW_TOKENS)
+    except Exception:
+        got["error"] = traceback.format_exc()[-3000:]
+    finally:
+        try:
+            server.stop()
+        except Exception:
+            server.info["stop_error"] = traceback.format_exc()[-2000:]
+    got["server"] = server.info
+    (run.out / "http_raw.json").write_text(json.dumps(got, indent=1, default=str))
+    return got
+
+
 def start_engine(run: Run, name: str, spec: dict[str, Any], side: str,
                  extra: dict[str, str]) -> tuple[subprocess.Popen, Path]:
     from run_ab import side_env
@@ -643,15 +822,19 @@ def driver(run: Run) -> int:
     common = {"mode": "eager", "max_len": 4096, "kv_gib": 0.75, "util": util, "clef": False,
               "clef_dir": str(work / "clef"), "deadline_wall": deadline_wall}
     plugin = json.dumps({"clef": {"enabled": True, "dir": str(work / "clef"), "rank": RANK}})
+    # the server first: serve refuses a GPU already busy beyond SM70_GPU_BUSY_MIB, and its
+    # check runs before our two engines take their memory
+    server = start_server(run, model / "int8", work, share / 3, deadline_wall)
     procs = {
         "ours": start_engine(run, "ours", dict(common, model=str(model / "int8"), mode="graphs",
-                                               max_len=OURS_MAX_LEN, kv_gib=1.5, clef=True),
+                                               max_len=OURS_MAX_LEN, kv_gib=1.5, clef=True,
+                                               images=True),
                              "ours", {"SM70_PLUGIN_CONFIG": plugin}),
-        "merged": start_engine(run, "merged", dict(common, model=str(model / "merged")),
-                               "stock", {}),
-        "base16": start_engine(run, "base16", dict(common, model=str(model / "fp16")),
+        "merged": start_engine(run, "merged", dict(common, model=str(model / "merged"),
+                                                   then_base=str(model / "fp16")),
                                "stock", {}),
     }
+    http_got = serve_cases(run, server, deadline_wall)
     while any(p.poll() is None for p, _ in procs.values()) and time.time() < deadline_wall:
         time.sleep(2)
     for name, (p, _) in procs.items():
@@ -682,7 +865,8 @@ def driver(run: Run) -> int:
     checks = (("chat_bits", lambda: check_chat_bits(results["ours"])),
               ("clef_vs_merged", lambda: check_clef_vs_merged(results["ours"],
                                                               results["merged"],
-                                                              results["base16"])),
+                                                              results["merged"])),
+              ("http", lambda: check_http(http_got, results["ours"], results["merged"])),
               ("scoring", lambda: check_scoring(results["ours"])),
               ("stability", lambda: check_stability(results["ours"])),
               ("memory", lambda: check_memory(results["ours"])))

@@ -1,0 +1,135 @@
+"""The pure parts of tests/gpu/clef/clef_http.py and the stability verdict of
+device_clef_vllm.py: each passes on good answers and fails on the bug it exists for."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+for p in (HERE / "gpu" / "clef", HERE / "gpu" / "ab", HERE / "gpu" / "serving"):
+    sys.path.insert(0, str(p))
+
+import clef_http as h  # noqa: E402
+import device_clef_vllm as d  # noqa: E402
+
+from sm70ctl.settings import load_settings  # noqa: E402
+
+
+def completion(tokens: list[int], lps: list[float], second: float = -3.0) -> dict[str, Any]:
+    return {"choices": [{"logprobs": {
+        "tokens": [f"token_id:{t}" for t in tokens], "token_logprobs": lps,
+        "top_logprobs": [{f"token_id:{t}": lp, "token_id:999": second}
+                         for t, lp in zip(tokens, lps, strict=True)]}}]}
+
+
+def row(tokens: list[int], lps: list[float], margin: float = 1.0) -> dict[str, Any]:
+    return {"prompt_len": 3, "tokens": tokens, "logprobs": lps,
+            "top2": [[t, lp, 999, lp - margin] for t, lp in zip(tokens, lps, strict=True)]}
+
+
+def test_completion_row_reads_token_ids_and_the_top_two() -> None:
+    r = h.completion_row(completion([5, 7], [-0.1, -0.2]), 3)
+    assert r["tokens"] == [5, 7] and r["logprobs"] == [-0.1, -0.2]
+    assert r["top2"][0] == [5, -0.1, 999, -3.0]
+    bad = completion([5], [-0.1])
+    bad["choices"][0]["logprobs"]["tokens"] = ["hello"]
+    with pytest.raises(ValueError, match="token_id"):
+        h.completion_row(bad, 3)
+
+
+def test_base_route_must_give_the_chat_rows_tokens_not_the_clef_rows() -> None:
+    chat = row([1, 2, 3, 4], [-0.5] * 4)
+    clef = row([1, 9, 9, 9], [-0.5] * 4)  # leaves the chat row at step 1
+    tol = 0.02
+    assert h.base_verdict(row([1, 2, 3, 4], [-0.505] * 4), chat, clef, tol)["passed"]
+    # a corrected answer (the route applied Clef) fails
+    assert not h.base_verdict(row([1, 9, 9, 9], [-0.5] * 4), chat, clef, tol)["passed"]
+    # log-probs beyond the tolerance fail
+    assert not h.base_verdict(row([1, 2, 3, 4], [-0.6] * 4), chat, clef, tol)["passed"]
+    # a later flip at a near-tie of the chat row passes, at a clear margin it fails
+    near = row([1, 2, 3, 4], [-0.5] * 4, margin=0.01)
+    assert h.base_verdict(row([1, 2, 7, 7], [-0.5] * 4), near, clef, tol)["passed"]
+    assert not h.base_verdict(row([1, 2, 7, 7], [-0.5] * 4), chat, clef, tol)["passed"]
+    # a prompt whose Clef row equals its chat row proves nothing
+    assert not h.base_verdict(chat, chat, chat, tol)["passed"]
+
+
+def score_body(scores: list[list[float]], prompt_tokens: int = 40) -> dict[str, Any]:
+    return {"results": [{"id": f"q{i}", "scores": [{"option": str(j), "score": v}
+                                                   for j, v in enumerate(s)]}
+                        for i, s in enumerate(scores)],
+            "usage": {"prompt_tokens": prompt_tokens}}
+
+
+def test_scores_must_match_the_engine_side_path() -> None:
+    ref = score_body([[0.2, 0.8], [0.5, 0.3, 0.2]])
+    assert h.score_verdict(score_body([[0.21, 0.79], [0.5, 0.3, 0.2]]), ref)["passed"]
+    assert not h.score_verdict(score_body([[0.8, 0.2], [0.5, 0.3, 0.2]]), ref)["passed"]
+    assert not h.score_verdict(score_body([[0.2, 0.8]]), ref)["passed"]  # a question lost
+    assert not h.score_verdict(score_body([[0.2, 0.8], [0.5, 0.3, 0.2]], 41), ref)["passed"]
+
+
+def test_refusals_need_the_openai_error_shape() -> None:
+    body = {"error": {"message": "Clef's maximum context is 16,384 tokens", "type":
+                      "BadRequestError", "param": "input", "code": 400}}
+    assert h.refusal_ok(400, body, "input", "16,384")
+    assert not h.refusal_ok(200, body, "input", "16,384")
+    assert not h.refusal_ok(400, body, "model", "16,384")
+    assert not h.refusal_ok(400, {"detail": "x"}, "input", "16,384")
+
+
+def test_the_serve_settings_load_and_turn_clef_on(tmp_path: Path) -> None:
+    s = h.serve_settings(model_dir=str(tmp_path), clef_dir=str(tmp_path / "clef"),
+                         rank=d.RANK, share=0.04, work=str(tmp_path / "w"), startup_s=200,
+                         serve_python=sys.executable)
+    env = tmp_path / "serve.env"
+    env.write_text("".join(f"{k}={v}\n" for k, v in s.items()))
+    view = load_settings(env_file=env)
+    assert view.clef and view.clef_rank == d.RANK
+    assert view.clef_max_model_len == h.CLEF_MAX_LEN <= view.max_model_len
+
+
+def burst(images_ok: int | None = 2, alloc: int = 100) -> dict[str, Any]:
+    return {"scores_ok": 10, "chats_ok": 6, "images_ok": images_ok, "allocated": alloc,
+            "reserved": 200}
+
+
+def stability(bursts: list[dict[str, Any]], images: bool = True) -> dict[str, Any]:
+    return {"phases": {"stability": {"bursts": bursts, "images_on": images,
+                                     "long": {"scores_ok": True, "prompt_tokens": 8190},
+                                     "left_in_store": {"partial": 0, "done": 0}}}}
+
+
+def test_stability_needs_every_burst_with_its_image_requests() -> None:
+    good = [burst() for _ in range(d.BURSTS)]
+    assert d.check_stability(stability(good))["passed"]
+    lost = copy.deepcopy(good)
+    lost[3]["images_ok"] = 1
+    assert d.check_stability(stability(lost))["passed"] is False
+    assert d.check_stability(stability(good, images=False))["passed"] is False
+    grew = copy.deepcopy(good)
+    grew[-1]["allocated"] += 64 << 20
+    assert d.check_stability(stability(grew))["passed"] is False
+    assert d.check_stability(stability(good[:3]))["passed"] is None  # cut by the budget
+
+
+def test_http_verdict_combines_the_cases() -> None:
+    chat = row([1, 2, 3, 4], [-0.5] * 4)
+    clef = row([1, 9, 9, 9], [-0.5] * 4)
+    ours = {"phases": {"chat_only": {d.HTTP_PROMPT_IDX: chat},
+                       "mixed": {d.HTTP_PROMPT_IDX: clef},
+                       "http_ref": {"response": score_body([[0.2, 0.8]])}}}
+    got = {"base_completion": {"status": 200, "row": chat},
+           "base_chat": {"passed": True}, "clef_chat_refused": {"passed": True},
+           "clef_too_long": {"passed": True},
+           "clef_score": {"status": 200, "body": score_body([[0.2, 0.8]])}}
+    v = h.judge(got, ours, d.HTTP_PROMPT_IDX, 0.02)
+    assert all(c["passed"] for c in v.values())
+    got["clef_score"]["body"] = score_body([[0.6, 0.4]])
+    assert not h.judge(got, ours, d.HTTP_PROMPT_IDX, 0.02)["clef_score"]["passed"]
+    assert h.judge({}, ours, d.HTTP_PROMPT_IDX, 0.02)["base_chat"]["passed"] is None
