@@ -1,43 +1,48 @@
-"""Clef beside chat inside vLLM 0.22.1 (issue 25 items 4 and 6), on a 64-layer tiny model.
+"""Clef beside chat inside vLLM 0.22.1 (issue 25 items 2, 3, 4 and 6), on a 64-layer tiny model.
 
     python3 tests/gpu/clef/device_clef_vllm.py --out DIR --budget-s N
 
 Clef corrects decoder layers 40-63 of a 64-layer model, so the tiny A/B shape (4 layers)
 cannot carry it: `prepare` builds the same widths with 64 layers (make_checkpoint.py's
 `tiny` with the 3:1 GDN / full-attention pattern repeated 16 times) as GPTQ-int8 and its
-exact fp16 dequantization, a Clef folder for it (tests/clef_fixture.py, rank 16, a small
-head), and the merged reference: W + B A of every corrected module applied in fp16 to the
-dequantized weights, written as a third checkpoint.
+exact fp16 dequantization, a Clef folder for it (tests/clef_fixture.py, rank 64: the
+smallest SM70_CLEF_RANK serve takes, a small head), and the merged reference: W + B A of
+every corrected module applied in fp16 to the dequantized weights, a third checkpoint.
 
-Three engines, one process each, started together:
+Three processes, started together (at most three engines or servers on the GPU):
+- `serve`: `sm70ctl serve` on the int8 checkpoint with SM70_CLEF on (clef_http.py): the
+  HTTP cases, then stopped;
 - `ours`: the int8 checkpoint with our plugin and Clef on (SM70_PLUGIN_CONFIG), full CUDA
-  graphs for decode batches (no torch.compile: start-up time), the worker extension;
-  phases `mixed` (6 chat + 4 Clef requests in one batch, Clef by SamplingParams.extra_args,
-  16 greedy tokens each, so Clef rows prefill in chunks and decode under the graphs),
-  `chat_only` (the same batch, no flag; run once before `mixed` as well, `chat_first`),
-  `scoring`, `stability`, `memory`;
-- `merged`: the merged fp16 checkpoint on stock vLLM (eager): every row is Clef;
-- `base16`: the dequantized fp16 checkpoint on stock vLLM (eager): the noise floor.
+  graphs for decode batches (no torch.compile: start-up time), two images per prompt, the
+  worker extension; phases `mixed` (6 chat + 4 Clef requests in one batch, Clef by
+  SamplingParams.extra_args, 16 greedy tokens each, so Clef rows prefill in chunks and
+  decode under the graphs), `chat_only` (the same batch, no flag; run once before `mixed`
+  as well, `chat_first`), `memory`, `http_ref`, `scoring`, `stability`;
+- `merged`: the merged fp16 checkpoint on stock vLLM (eager): every row is Clef; then the
+  base fp16 weights loaded in place (`reload_in_place`, checked on two layers' tensors) and
+  the batch again: the noise floor (`base16`).
 
 Checks (JSON per step, `summary.json`):
 - `chat_bits`: the chat rows of `mixed` equal those of `chat_only` bit for bit (tokens and
   log-probs), and the Clef rows differ (the correction is applied at all);
-- `clef_vs_merged`: each Clef row of `mixed` against `merged` within the tolerance
-  max(4 x noise, 0.02) on chosen-token log-probs, noise = the largest |log-prob
-  difference| of `chat_only` against `base16` (same weights, int8 kernels vs fp16 ones,
-  graphs vs eager); a divergence passes only where the reference's top-2 margin is within
-  2 x tolerance. The same rows without the flag (`chat_only`) against `merged` must fail
-  it (the check can fail);
+- `clef_vs_merged`: each Clef row of `mixed` has the tokens of `merged`'s row and log-probs
+  within the tolerance max(4 x noise, 0.02), noise = the largest |log-prob difference| of
+  `chat_only` against `base16` (same weights, int8 kernels vs fp16 ones, graphs vs eager).
+  The control: the same rows without the flag (`chat_only`) against `merged` must each
+  diverge in tokens or leave the tolerance (`row_controlled`), so a run that drops the
+  correction fails; each one's first divergence step is recorded;
 - `scoring`: scoring requests (one longer than a prefill chunk) beside chat requests: the
   head's scores taken through `collective_rpc` against the plain PyTorch head
   (head_reference.py, float64) on the hidden rows the hook gathered, and the last gathered
   row (the prompt's last token) against the engine's own first sampled token: the top-5
   log-probs of the lm_head on that row here against the engine's;
-- `stability`: bursts of 10 scoring + 6 chat requests in one batch, then one scoring
-  prompt as long as the engine's context allows: every score back and finite, nothing
+- `stability`: BURSTS bursts of 10 scoring + 6 chat + 2 two-image requests in one batch,
+  then one scoring prompt as long as the engine's context allows: every score back and
+  finite, every image request expanded to its placeholder count and answered, nothing
   left in the worker's store, GPU memory (allocated, reserved) not growing after the first
-  burst. (No image requests: the tiny checkpoint's engines run with images off.)
-- `memory`: the correction and head bytes attached against the format's count.
+  burst;
+- `memory`: the correction and head bytes attached against the format's count;
+- `http`: clef_http.py's cases against `ours`' engine-level rows and scores.
 """
 
 from __future__ import annotations
@@ -393,7 +398,7 @@ def image_prompts(tok: Any, seed: int) -> list[dict[str, Any]]:
     pad = "<|vision_start|><|image_pad|><|vision_end|>"
     text = ("<|im_start|>user\n" + pad * IMAGES_PER_PROMPT
             + "Describe both.<|im_end|>\n<|im_start|>assistant\n")
-    n_text = len(tok.encode(text, add_special_tokens=False))
+    n_text = len(tok.encode(text))  # as vLLM tokenizes a text prompt
     want = n_text - IMAGES_PER_PROMPT + sum(tiny_serving.image_tokens(h, w)
                                             for h, w in IMAGE_SIDES)
     out = []
@@ -857,7 +862,9 @@ def driver(run: Run) -> int:
     run.write("engines", {"passed": all(not r.get("errors") for r in results.values()),
                           "killed": sorted(killed),
                           "modes": {n: r.get("mode") for n, r in results.items()},
-                          "graphs_startup_error": results["ours"].get("graphs_startup_error"),
+                          "startup_errors": {n: r.get("startup_errors")
+                                             for n, r in results.items()},
+                          "images": results["ours"].get("images"),
                           "startup_s": {n: r.get("startup_s") for n, r in results.items()},
                           "phase_s": {n: r.get("phase_s") for n, r in results.items()},
                           "errors": {n: r.get("errors") for n, r in results.items()},
