@@ -109,6 +109,7 @@ def side_kwargs(model: str, ours: bool, spec: bool, prefix_caching: bool, kv_gib
 
 def _drafter_attention(worker: Any) -> dict[str, int] | None:
     """The MTP drafter's attention layers by backend class (None without a drafter)."""
+    worker = getattr(worker, "worker", worker)  # a wrapper holds the worker
     runner = getattr(worker, "model_runner", None)
     model = getattr(getattr(runner, "drafter", None), "model", None)
     return None if model is None else summarize_attention(model)
