@@ -202,9 +202,11 @@ class Server:
                 Path(target).parent.mkdir(parents=True, exist_ok=True)
                 Path(target).symlink_to(built)  # else serve's vLLM builds our ops again
             console = open(self.out / "serve_console.log", "w")  # noqa: SIM115
+            # serve stays in the job's process group, so the round call's kill at its
+            # deadline reaches it (its vLLM runs in a group of its own: `stop`)
             self.proc = subprocess.Popen(do.serve_cmd(mode, env_file, dry=False), env=env,
                                          cwd=self.work, stdout=console,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT)
             self.info["pid"] = self.proc.pid
             return True
         return False
@@ -233,13 +235,14 @@ class Server:
             try:
                 self.proc.wait(timeout=40)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.kill()
                 self.proc.wait()
                 self.info["serve_killed"] = True
         if child is not None:
             try:
-                os.killpg(child, signal.SIGKILL)
+                os.kill(child, 0)
                 self.info["vllm_left_running"] = True
+                os.killpg(child, signal.SIGKILL)  # the supervisor starts it in its own group
             except OSError:
                 pass
         self.info["serve_rc"] = None if self.proc is None else self.proc.returncode
