@@ -208,6 +208,13 @@ class Server:
                                          cwd=self.work, stdout=console,
                                          stderr=subprocess.STDOUT)
             self.info["pid"] = self.proc.pid
+            # past serve's pre-flight (its busy-GPU check) before the engines beside it
+            # take their memory: until it reports vLLM's pid, exits, or 20 s pass
+            t = time.time()
+            while time.time() - t < 20 and self.proc.poll() is None and do.vllm_pid(
+                    self.out / "serve_logs", self.out / "serve_console.log") is None:
+                time.sleep(0.5)
+            self.info["preflight_wait_s"] = round(time.time() - t, 1)
             return True
         return False
 

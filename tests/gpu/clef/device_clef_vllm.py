@@ -339,9 +339,10 @@ def reload_in_place(model: Any, base_dir: str, torch: Any) -> dict[str, Any]:
     named = dict(model.named_parameters())
 
     def pair(layer: int) -> tuple[str, str]:
-        tail = f"layers.{layer}.mlp.down_proj.weight"
-        return (next(n for n in named if n.endswith(tail)),
-                next(k for k in sd if k.endswith(tail)))
+        # the language model's layer (the checkpoint also holds an MTP layer 0)
+        tail = f".layers.{layer}.mlp.down_proj.weight"
+        return (next(n for n in named if n.endswith(tail) and "language_model" in n),
+                next(k for k in sd if k.endswith(tail) and "language_model" in k))
 
     probes = {layer: pair(layer) for layer in (0, 40)}
     before = {layer: named[p].detach().clone() for layer, (p, _k) in probes.items()}
