@@ -4,6 +4,7 @@ our op really ran in the A/B, and the state-bytes arithmetic of bench/bench_gdn.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -52,40 +53,49 @@ def test_drift_without_checkpoints_is_undecided() -> None:
     assert drift.verdict([])["passed"] is None
 
 
-def ours_side(device_calls: int, python_calls: int | None = None, **kw: Any) -> dict[str, Any]:
+def ours_side(prefill: int = 60, decode: int = 600, spec: int = 0,
+              state: str = "float32", **kw: Any) -> dict[str, Any]:
     side: dict[str, Any] = {
-        "gdn_layer_classes": {device.OURS_CLASS: device.GDN_LAYERS_TINY},
+        "gdn_layer_classes": {device.OURS_CLASSES[state]: device.GDN_LAYERS_TINY},
         "gdn_unsupported": {},
-        "gdn_device_calls": {"sm70:decode": device_calls, "sm70:spec": 0},
-        "gdn_calls": {"sm70:decode": device_calls if python_calls is None else python_calls},
-        "phases": {"single": [], "batch4": [], "batch16": []},
+        "gdn_prefill_mode": "sm70",
+        "gdn_device_calls": {"sm70:decode": decode, "sm70:spec": spec},
+        "gdn_calls": {"sm70:decode": 40, "sm70:prefill": prefill, "stock:no_metadata": 2},
+        "gdn_calls_at_start": {"stock:no_metadata": 2},
+        "phases": {},
     }
     side.update(kw)
     return side
 
 
-def test_ours_ran_accepts_a_side_that_ran_our_op() -> None:
-    assert device.ours_ran(ours_side(800), "eager")["ok"]
-    # graphs: replays are counted on the device only
-    assert device.ours_ran(ours_side(800, python_calls=40), "graphs")["ok"]
-    # with drafts a step takes several tokens: fewer steps, some on the MTP path
-    spec = ours_side(150, python_calls=30)
-    spec["gdn_device_calls"] = {"sm70:decode": 100, "sm70:spec": 100}
-    r = device.ours_ran(spec, "graphs", "ngram")
-    assert r["ok"] and r["spec_rows_ran"], r
-    assert not device.ours_ran(spec, "graphs", "none")["ok"]
+def test_ours_ran_accepts_a_side_whose_prefill_and_decode_ran_our_ops() -> None:
+    assert device.ours_ran(ours_side(), "float32", "none")["ok"]
+    assert device.ours_ran(ours_side(state="int16"), "int16", "none")["ok"]
+    # MTP: fewer steps, some of them verification rows (and prefill + MTP steps)
+    mtp = ours_side(prefill=0, decode=100, spec=100)
+    mtp["gdn_calls"]["sm70:prefill+spec"] = 70
+    assert device.ours_ran(mtp, "float32", "mtp3")["ok"]
+    assert not device.ours_ran(ours_side(decode=200), "float32", "mtp3")["ok"]  # no MTP row
 
 
-@pytest.mark.parametrize(("side", "mode", "words"), [
-    (ours_side(0), "eager", "ran 0 times"),  # a silent fallback
-    (ours_side(800, python_calls=40), "eager", "Python calls"),
-    (ours_side(800, gdn_layer_classes={"vllm.QwenGatedDeltaNetAttention": 3}), "graphs",
-     "GDN layer classes"),
-    (ours_side(800, gdn_unsupported={"layers.0": "why"}), "eager", "refused"),
+@pytest.mark.parametrize(("side", "words"), [
+    (ours_side(prefill=0), "prefill steps on our ops"),  # prefill left on FLA
+    (ours_side(gdn_calls={"sm70:prefill": 60, "stock:prefill": 3}), "went to vLLM's path"),
+    # prefill steps counted before any request (warm-up) are not the requests'
+    (ours_side(gdn_calls_at_start={"sm70:prefill": 30}), "prefill steps on our ops"),
+    (ours_side(decode=0), "ran 0 times"),  # a silent decode fallback
+    (ours_side(gdn_prefill_mode="fla"), "prefill mode"),
+    (ours_side(gdn_layer_classes={"vllm.QwenGatedDeltaNetAttention": 3}), "GDN layer classes"),
+    (ours_side(gdn_unsupported={"layers.0": "why"}), "refused"),
 ])
-def test_ours_ran_catches_a_fallback(side: dict[str, Any], mode: str, words: str) -> None:
-    r = device.ours_ran(side, mode)
+def test_ours_ran_catches_a_fallback(side: dict[str, Any], words: str) -> None:
+    r = device.ours_ran(side, "float32", "none")
     assert not r["ok"] and any(words in p for p in r["problems"]), r
+
+
+def test_the_int16_side_needs_the_int16_class() -> None:
+    r = device.ours_ran(ours_side(), "int16", "none")  # the float32 class on an int16 side
+    assert not r["ok"] and "GDN layer classes" in r["problems"][0]
 
 
 def test_state_bytes_per_layer() -> None:
@@ -98,28 +108,51 @@ def test_state_bytes_per_layer() -> None:
         bench.state_bytes(24, "float16")
 
 
-def side_pair(ours_calls: int, error: str | None = None) -> dict[str, Any]:
-    row = {"prompt_len": 5, "tokens": [1, 2], "logprobs": [-0.1, -0.2],
-           "top2": [[1, -0.1, 3, -2.0], [2, -0.2, 3, -2.0]]}
-    stock = {"phases": {"single": [row]}, "error": error}
-    ours = ours_side(ours_calls)
-    ours["phases"] = {"single": [row]}
-    return {"stock": stock, "ours": ours}
+ROW = {"prompt_len": 5, "tokens": [1, 2], "logprobs": [-0.1, -0.2],
+       "top2": [[1, -0.1, 3, -2.0], [2, -0.2, 3, -2.0]]}
 
 
-def sides_for(pairs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {f"{who}_{pair}": d[who] for pair, d in pairs.items() for who in ("stock", "ours")}
+def sides(**change: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every side of device.SIDES, good; `change` replaces fields of the named ones."""
+    out: dict[str, dict[str, Any]] = {"stock": {"phases": {"p100": [ROW]}, "error": None}}
+    for name, (_side, _ckpt, args, dtype) in device.SIDES.items():
+        if dtype is None:
+            continue
+        mtp = "mtp3" in args
+        s = ours_side(decode=200 if mtp else 600, spec=100 if mtp else 0, state=dtype)
+        s["phases"] = {"p100": [ROW]}
+        out[name] = s
+    for name, fields in change.items():
+        out[name] = dict(out[name], **fields)
+    return out
 
 
-def test_ab_verdict_needs_every_plain_pair_and_our_op() -> None:
+def test_ab_verdict_needs_every_ours_side_to_match_and_to_run_our_ops() -> None:
     sys.path.insert(0, str(ROOT / "tests" / "gpu" / "ab"))
-    good = {"eager": side_pair(800), "graphs": side_pair(800), "graphs_ngram": side_pair(800)}
-    assert device.ab_verdict(sides_for(good))["passed"] is True
-    fallback = dict(good, graphs=side_pair(0))
-    assert device.ab_verdict(sides_for(fallback))["passed"] is False
-    # stock vLLM failing the speculative pair leaves it out; failing a plain pair does not
-    no_spec = dict(good, graphs_ngram=side_pair(800, error="ValueError: no"))
-    v = device.ab_verdict(sides_for(no_spec))
-    assert v["passed"] is True and v["comparisons"]["graphs_ngram"]["passed"] is None
-    no_plain = dict(good, eager=side_pair(800, error="ValueError: no"))
-    assert device.ab_verdict(sides_for(no_plain))["passed"] is False
+    v = device.ab_verdict(sides())
+    assert v["passed"] is True, v
+    assert set(v["comparisons"]) == {"ours_chunk", "ours_mtp", "ours_int16"}
+    assert device.ab_verdict(sides(ours_chunk={"gdn_calls": {"stock:prefill": 9}}))[
+        "passed"] is False
+    assert device.ab_verdict(sides(stock={"error": "ValueError: no"}))["passed"] is False
+    assert device.ab_verdict(sides(ours_int16={"phase_errors": {"p32k": "boom"}}))[
+        "passed"] is False
+    # a flipped token far above rounding fails, and so does a log-prob gap over the bound
+    flipped = dict(ROW, tokens=[1, 3], logprobs=[-0.1, -2.0])
+    assert device.ab_verdict(sides(ours_mtp={"phases": {"p100": [flipped]}}))[
+        "passed"] is False
+    shifted = dict(ROW, logprobs=[-0.1, -0.35])  # 0.15: within int16's bound, not fp32's
+    assert device.ab_verdict(sides(ours_chunk={"phases": {"p100": [shifted]}}))[
+        "passed"] is False
+    assert device.ab_verdict(sides(ours_int16={"phases": {"p100": [shifted]}}))[
+        "passed"] is True
+
+
+def test_the_plugin_config_is_what_sm70_chunk_gives() -> None:
+    from sm70ctl.runtime.plugin_config import plugin_config_obj
+    from sm70ctl.settings.loader import load_settings
+
+    want = plugin_config_obj(load_settings({"SM70_GDN_KERNEL": "sm70_chunk",
+                                            "SM70_GDN_STATE_DTYPE": "float32"})).gdn
+    got = json.loads(device.gdn_config("float32"))["gdn"]
+    assert {k: getattr(want, k) for k in got} == got

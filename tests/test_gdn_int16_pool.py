@@ -99,7 +99,7 @@ def test_served_plan_follows_the_pool() -> None:
 
 def test_plugin_asks_the_layer_for_int16(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = types.ModuleType("vllm_patch.gdn.layer")
-    fake.register = lambda int16_state=False: f"int16={int16_state}"  # type: ignore[attr-defined]
+    fake.register = lambda int16_state=False, prefill="fla": f"int16={int16_state}"  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm_patch.gdn.layer", fake)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

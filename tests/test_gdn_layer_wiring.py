@@ -53,3 +53,32 @@ def test_a_prefill_step_goes_to_vllm(result: dict) -> None:
     assert result["prefill"]["stock_called"]
     assert result["ops_in_prefill_step"] == 0
     assert result["prefill"]["calls"]["stock:prefill"] == 1
+
+
+PREFILL_STEPS = ["prefill_only", "mixed", "mixed_one_pass", "mixed_spec"]
+
+
+@pytest.mark.parametrize("step", PREFILL_STEPS)
+def test_prefill_steps_with_our_prefill_on_match_each_request_alone(result: dict,
+                                                                    step: str) -> None:
+    r = result[step]
+    assert r["out_close"], f"outputs off by {r['out_max_err']}: a row shifted or a state lost"
+    assert r["conv_state_close"], "the conv state pool differs from each request alone"
+    assert r["ssm_state_close"], "the recurrent state pool differs: wrong slot or no init"
+    assert r["states_changed"]  # the comparison above is not vacuous
+    assert r["other_slots_untouched"]
+
+
+def test_each_prefill_step_runs_the_ops_the_routing_names(result: dict) -> None:
+    # plain decodes of a mixed step on our decode ops, its prefill rows on the prefill ops:
+    # two-pass with vLLM's chunk table (rebased past the decodes), one-pass without one
+    assert result["prefill_only"]["ops"] == ["conv_prefill", "chunk_two_pass"]
+    assert result["mixed"]["ops"] == ["conv", "recurrent", "conv_prefill", "chunk_two_pass"]
+    assert result["mixed_one_pass"]["ops"] == ["conv", "recurrent", "conv_prefill",
+                                               "chunk_one_pass"]
+    assert result["mixed_spec"]["ops"] == ["conv", "recurrent", "conv_prefill",
+                                           "chunk_two_pass"]
+    for step in ("prefill_only", "mixed", "mixed_spec"):
+        assert result[step]["tables_ok"] == [True], step
+    assert result["mixed"]["calls"] == {"sm70:prefill": 1}
+    assert result["mixed_spec"]["calls"] == {"sm70:prefill+spec": 1}

@@ -46,3 +46,41 @@ def test_the_setting_turns_it_on() -> None:
 def test_on_without_vllm_registers_nothing() -> None:
     got = plugin._register_gdn_layer(with_gdn(decode_layer=True, kernel="sm70"))
     assert got == "absent (vLLM not installed)"
+
+
+def test_sm70_chunk_turns_our_prefill_on_as_well() -> None:
+    from sm70ctl.runtime.plugin_config import plugin_config_obj
+    from sm70ctl.settings.loader import load_settings
+
+    chunk = plugin_config_obj(load_settings({"SM70_GDN_KERNEL": "sm70_chunk"}))
+    decode = plugin_config_obj(load_settings({"SM70_GDN_KERNEL": "sm70"}))
+    # the same layer (kernel sm70, so int16_pool.wanted and the plan see it), prefill ours
+    assert (chunk.gdn.decode_layer, chunk.gdn.kernel, chunk.gdn.prefill) == (True, "sm70", "sm70")
+    assert (decode.gdn.decode_layer, decode.gdn.prefill) == (True, "fla")
+    assert PluginConfig().gdn.prefill == "fla"
+
+
+def test_a_bad_prefill_choice_is_one_line() -> None:
+    with pytest.raises(ValueError, match=r"gdn\.prefill is 'cuda'"):
+        PluginConfig.from_json('{"gdn": {"prefill": "cuda"}}')
+
+
+def test_the_plugin_hands_the_prefill_choice_to_the_layer(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    import sys
+    import types
+
+    seen: list[tuple[bool, str]] = []
+    fake = types.ModuleType("vllm_patch.gdn.layer")
+    fake.register = lambda int16_state=False, prefill="fla": seen.append(  # type: ignore[attr-defined]
+        (int16_state, prefill)) or "ok"
+    monkeypatch.setitem(sys.modules, "vllm_patch.gdn.layer", fake)
+    import vllm_patch.gdn as gdn_pkg
+
+    monkeypatch.setattr(gdn_pkg, "layer", fake, raising=False)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a))
+    got = plugin._register_gdn_layer(with_gdn(decode_layer=True, kernel="sm70",
+                                              state_dtype="float32", prefill="sm70"))
+    assert got == "ok" and seen == [(False, "sm70")]

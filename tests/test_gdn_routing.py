@@ -29,7 +29,7 @@ def meta(**kw: Any) -> SimpleNamespace:
         num_spec_decodes=0, num_spec_decode_tokens=0, num_actual_tokens=0,
         spec_sequence_masks=None, spec_query_start_loc=None, non_spec_query_start_loc=None,
         spec_state_indices_tensor=None, non_spec_state_indices_tensor=None,
-        num_accepted_tokens=None)
+        num_accepted_tokens=None, chunk_indices=None)
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -117,3 +117,57 @@ def test_the_model_layer_is_supported() -> None:
 def test_unsupported_layers_say_why(change: dict[str, Any], words: str) -> None:
     reason = routing.unsupported_reason(dataclasses.replace(SHAPE, **change))
     assert reason is not None and words in reason
+
+
+def mixed_step() -> SimpleNamespace:
+    """2 plain decodes then 2 prefills (75 tokens), padded to 80 rows, with FLA's table."""
+    return meta(num_decodes=2, num_decode_tokens=2, num_prefills=2, num_prefill_tokens=75,
+                num_actual_tokens=80, non_spec_query_start_loc=[0, 1, 2, 72, 77],
+                chunk_indices=[[0, 0], [1, 0], [2, 0], [2, 1], [3, 0]])
+
+
+def test_prefill_steps_go_to_our_ops_only_when_asked() -> None:
+    step = mixed_step()
+    assert routing.route(step) == routing.STOCK_PREFILL  # the default: vLLM's path
+    assert routing.route(step, None, "fla") == routing.STOCK_PREFILL
+    assert routing.route(step, None, "sm70") == routing.OURS_PREFILL
+    with_spec = spec_graph_step()
+    with_spec.num_prefills = 1
+    assert routing.route(with_spec, None, "sm70") == routing.OURS_PREFILL_SPEC
+    # decode-only steps do not depend on it; an unsupported layer never reaches ours
+    assert routing.route(plain_decode_graph_step(), None, "sm70") == routing.OURS_DECODE
+    assert routing.route(step, "why", "sm70") == routing.STOCK_UNSUPPORTED
+    assert routing.route(None, None, "sm70") == routing.STOCK_NO_METADATA
+    with pytest.raises(ValueError, match=r"gdn\.prefill is 'cuda'"):
+        routing.route(step, None, "cuda")
+
+
+def test_a_mixed_step_puts_its_decodes_on_the_decode_ops_and_rebases_the_prefills() -> None:
+    plan = routing.prefill_plan(mixed_step(), routing.OURS_PREFILL)
+    assert (plan.num_decodes, plan.num_prefills, plan.prefill_tokens) == (2, 2, 75)
+    assert plan.first_prefill_token == 2 and plan.chunk_rows_skipped == 2
+    assert not plan.gathered and plan.num_spec == 0 and plan.num_tokens == 80
+    assert plan.two_pass  # the builder's table is there
+
+
+def test_the_chunk_op_follows_the_table() -> None:
+    no_table = mixed_step()
+    no_table.chunk_indices = None
+    assert not routing.prefill_plan(no_table, routing.OURS_PREFILL).two_pass
+    # CuteDSL's table is not FLA's numbering: one-pass then
+    assert not routing.prefill_plan(mixed_step(), routing.OURS_PREFILL, "cutedsl").two_pass
+    assert routing.prefill_plan(mixed_step(), routing.OURS_PREFILL, "flashinfer").two_pass
+
+
+def test_a_step_with_mtp_rows_gathers_and_has_no_plain_decodes() -> None:
+    step = spec_graph_step()
+    step.num_prefills, step.num_prefill_tokens = 2, 67
+    step.chunk_indices = [[0, 0], [0, 1], [1, 0]]
+    plan = routing.prefill_plan(step, routing.OURS_PREFILL_SPEC)
+    assert plan.gathered and plan.num_spec == 2 and plan.num_decodes == 0
+    assert (plan.num_prefills, plan.prefill_tokens, plan.chunk_rows_skipped) == (2, 67, 0)
+    step.num_decodes = 1  # the builder reclassifies these; a step that has both is refused
+    with pytest.raises(ValueError, match="never makes one"):
+        routing.prefill_plan(step, routing.OURS_PREFILL_SPEC)
+    with pytest.raises(ValueError, match="prefill_plan takes"):
+        routing.prefill_plan(step, routing.OURS_SPEC)

@@ -113,8 +113,8 @@ def _registered_quantization(config: PluginConfig) -> str:
 
 def _registered_gdn_layer(config: PluginConfig) -> str:
     """Whether the plugin installs its GDN layer for this config."""
-    with _fake_module("vllm_patch.gdn.layer", register=lambda int16_state=False: (
-            f"sm70 GDN layer registered, int16 state {int16_state}")):
+    with _fake_module("vllm_patch.gdn.layer", register=lambda int16_state=False, prefill="fla": (
+            f"sm70 GDN layer registered, int16 state {int16_state}, prefill on {prefill}")):
         return plugin._register_gdn_layer(config)
 
 

@@ -62,6 +62,9 @@ class AllreduceConfig:
     buffer_bytes: int = 16 * 1024**2
 
 
+GDN_PREFILLS = ("fla", "sm70")  # vllm_patch.gdn.routing.PREFILL_CHOICES
+
+
 @dataclass(frozen=True)
 class GdnConfig:
     kernel: str = "triton"
@@ -70,9 +73,17 @@ class GdnConfig:
     # vLLM's pool (vllm_patch/gdn/int16_pool.py, CPU-proven); float32 is the pool that ran on
     # a GPU. Without decode_layer vLLM's float32 pool stays whatever this says.
     state_dtype: str = "int16"
-    # Our decode rows inside vLLM's GDN layer (vllm_patch.gdn): SM70_GDN_KERNEL=sm70 sets it
-    # (sm70ctl/runtime/plugin_config.py); off by default like the setting.
+    # Our decode rows inside vLLM's GDN layer (vllm_patch.gdn): SM70_GDN_KERNEL=sm70 or
+    # sm70_chunk sets it (sm70ctl/runtime/plugin_config.py); off by default like the setting.
     decode_layer: bool = False
+    # Steps with a prefill row in that layer: "fla" (vLLM's path) or "sm70" (our conv1d
+    # prefill + chunked prefill; SM70_GDN_KERNEL=sm70_chunk). Read only with decode_layer.
+    prefill: str = "fla"
+
+    def __post_init__(self) -> None:
+        if self.prefill not in GDN_PREFILLS:
+            raise ValueError(f"{ENV_VAR}: gdn.prefill is {self.prefill!r}; choose one of "
+                             f"{GDN_PREFILLS} (SM70_GDN_KERNEL=sm70_chunk sets sm70)")
 
 
 # The MTP draft layer's widths the plugin serves (vllm_patch.quantization.draft_int8); the

@@ -19,7 +19,8 @@ vLLM's hooks reach:
   SM70_ATTENTION_BACKEND=SM70_PAGED (`attention_backend_defined`, which reads the source
   without importing vLLM);
 - the GDN layer's decode rows on our ops (vllm_patch.gdn, a `register_oot` subclass of
-  vLLM's layer), only when `gdn.decode_layer` is on (off by default); with
+  vLLM's layer), only when `gdn.decode_layer` is on (off by default; its prefill rows too
+  with `gdn.prefill` "sm70"); with
   `gdn.state_dtype` int16 as well (opt-in), the int16-pool layer and a model subclass under
   the same architecture name (vllm_patch/gdn/int16_model.py).
 
@@ -155,7 +156,7 @@ def _register_gdn_layer(config: Any) -> str:
 
     # int16 (opt-in, CPU-proven only) also registers the model subclass: layer.register
     int16 = int16_pool.wanted(config.gdn.decode_layer, config.gdn.kernel, config.gdn.state_dtype)
-    return layer.register(int16_state=int16)
+    return layer.register(int16_state=int16, prefill=config.gdn.prefill)
 
 
 def _register_quantization(config: Any) -> str:

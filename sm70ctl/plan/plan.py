@@ -356,7 +356,8 @@ def served_state_dtype(model: ModelShape, inputs: PlanInputs | None = None) -> s
     pool is on (SM70_GDN_KERNEL=sm70 and SM70_GDN_STATE_DTYPE=int16: vllm_patch/gdn/
     int16_pool.py), else the model config's mamba_ssm_dtype (Qwen3.5's `float32`), else the
     model dtype (float16 on Volta)."""
-    if inputs is not None and inputs.gdn_kernel == "sm70" and inputs.gdn_state_dtype == "int16":
+    if (inputs is not None and inputs.gdn_kernel in ("sm70", "sm70_chunk")
+            and inputs.gdn_state_dtype == "int16"):
         return "int16"
     return model.mamba_ssm_dtype or "float16"
 

@@ -76,8 +76,11 @@ def plugin_config_obj(settings: SettingsView, allreduce_mode: str | None = None)
             mode=allreduce_mode or s.allreduce_mode, buffer_bytes=s.allreduce_buffer_bytes
         ),
         gdn=GdnConfig(
-            kernel=s.gdn_kernel, chunk_size=s.gdn_chunk_size, state_dtype=s.gdn_state_dtype,
-            decode_layer=s.gdn_kernel == "sm70",
+            # sm70_chunk is the sm70 layer with its prefill rows on our ops too
+            kernel="sm70" if s.gdn_kernel == "sm70_chunk" else s.gdn_kernel,
+            chunk_size=s.gdn_chunk_size, state_dtype=s.gdn_state_dtype,
+            decode_layer=s.gdn_kernel in ("sm70", "sm70_chunk"),
+            prefill="sm70" if s.gdn_kernel == "sm70_chunk" else "fla",
         ),
         spec=SpecConfig(
             draft_head_dtype=s.draft_head_dtype,

@@ -116,7 +116,7 @@ class SettingsView(Protocol):
     allreduce_buffer_bytes: int
 
     # Gated DeltaNet
-    gdn_kernel: Literal["sm70", "triton"]
+    gdn_kernel: Literal["sm70", "sm70_chunk", "triton"]
     gdn_chunk_size: int
     mamba_cache_mode: Literal["all", "align", "none"]
 

@@ -6,8 +6,13 @@ vllm/model_executor/custom_op.py), so the projections, the `qwen_gdn_attention_c
 splitting op, the metadata builder, the state pool and the weight loading all stay vLLM's.
 It overrides only `_forward_core`: a step of decode rows alone (plain decodes or MTP
 verification rows, `routing.route`) runs our causal conv1d update and recurrent update in
-place on vLLM's pool; every other step (any prefill, the warm-up run, a layer our kernels do
-not cover) goes to vLLM's own `_forward_core` unchanged, i.e. prefill stays on FLA.
+place on vLLM's pool. A step with a prefill row goes to vLLM's own `_forward_core` (FLA)
+unless the prefill is ours (`set_prefill("sm70")`: the plugin's gdn.prefill,
+SM70_GDN_KERNEL=sm70_chunk); then its prefill rows run our conv1d prefill and chunked
+prefill and its decode rows our decode ops (`routing.prefill_plan` says how the step is
+split), on the same pool slots vLLM's path reads and writes (the slot per sequence its
+builder picked, prefix caching's `align` block included; has_initial_state per row). The
+warm-up run and a layer our kernels do not cover stay vLLM's.
 
 The pool, as vLLM 0.22.1 lays it out and our ops read it without a copy: kv_cache[0] is the
 conv state [slots, 3 + k, conv_dim] fp16 (SD layout), kv_cache[1] the recurrent state
@@ -17,7 +22,8 @@ stride = page size), which the ops take as given.
 `Sm70GatedDeltaNetInt16` (opt-in, proven on the CPU only: int16_pool.py) declares a third
 state tensor, so vLLM's pool holds kv_cache[1] as int16 codes and kv_cache[2] as their
 float32 row scales [slots, HV, 128]; decode steps hand the scales to our op, steps with a
-prefill run vLLM's FLA path on a float32 copy of their slots (int16_scratch.py), and a layer
+prefill run vLLM's FLA path (or, with our prefill on, our prefill ops) on a float32 copy of
+their slots (int16_scratch.py), and a layer
 our ops cannot run is an error (vLLM's kernels cannot read int16) raised while the model is
 built, from what the layer declares, so the engine fails at start-up.
 
@@ -45,7 +51,12 @@ from vllm_patch.ops.loader import load_ops
 
 CALLS: dict[str, int] = {}
 REASONS: dict[str, str] = {}  # layer prefix -> why our ops do not run it
-_DEVICE_SLOTS = (routing.OURS_DECODE, routing.OURS_SPEC)
+# prefill steps run eagerly (vLLM captures only decode batches), so CALLS counts each one;
+# the device slots are for the decode kinds a CUDA graph replays without Python
+_DEVICE_SLOTS = (routing.OURS_DECODE, routing.OURS_SPEC, routing.OURS_PREFILL,
+                 routing.OURS_PREFILL_SPEC)
+_OURS = _DEVICE_SLOTS
+_prefill = "fla"  # the plugin's gdn.prefill (set_prefill)
 _device_counts: dict[str, torch.Tensor] = {}
 _count_on_device = False
 _lock = threading.Lock()
@@ -55,6 +66,18 @@ def count_on_device(on: bool) -> None:
     """Also count our steps with a device-side add (seen by CUDA-graph replays)."""
     global _count_on_device
     _count_on_device = on
+
+
+def set_prefill(prefill: str) -> None:
+    """Where steps with a prefill row go: "fla" (vLLM's path) or "sm70" (our ops)."""
+    global _prefill
+    if prefill not in routing.PREFILL_CHOICES:
+        raise ValueError(f"gdn.prefill is {prefill!r}; choose one of {routing.PREFILL_CHOICES}")
+    _prefill = prefill
+
+
+def prefill_mode() -> str:
+    return _prefill
 
 
 def device_counts() -> dict[str, int]:
@@ -160,27 +183,98 @@ class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
         raw = get_forward_context().attn_metadata
         meta = None if raw is None else raw[self.prefix]
         unsupported = None if meta is None else self._sm70_unsupported(mixed_qkv)
-        kind = routing.route(meta, unsupported)
+        kind = routing.route(meta, unsupported, _prefill)
         with _lock:
             CALLS[kind] = CALLS.get(kind, 0) + 1
-        if kind not in _DEVICE_SLOTS:
+        if kind not in _OURS:
             return super()._forward_core(mixed_qkv, b, a, core_attn_out)
-        args = routing.decode_args(meta, kind)
-        t = args.num_tokens
         conv_state, ssm_state = self.kv_cache[0], self.kv_cache[1]
         state_scale = self.kv_cache[2] if len(self.kv_cache) > 2 else None
-        weight = self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
-        qkv = kernels.gdn_conv1d_update(
-            mixed_qkv[:t], conv_state, weight, self.conv1d.bias, args.query_start_loc,
-            args.state_indices, args.num_accepted, silu=self.activation in routing.SILU_NAMES)
-        out = kernels.gdn_recurrent_decode(
-            qkv, a[:t], b[:t], self.A_log, self.dt_bias, ssm_state, args.query_start_loc,
-            args.state_indices, args.num_accepted, self.num_k_heads // self.tp_size,
-            self.head_k_dim**-0.5, state_scale)
-        core_attn_out[:t] = out
+        if kind in (routing.OURS_DECODE, routing.OURS_SPEC):
+            args = routing.decode_args(meta, kind)
+            t = args.num_tokens
+            core_attn_out[:t] = self._sm70_decode(
+                mixed_qkv[:t], a[:t], b[:t], conv_state, ssm_state, state_scale,
+                args.query_start_loc, args.state_indices, args.num_accepted)
+        else:
+            self._sm70_prefill_step(meta, kind, mixed_qkv, b, a, core_attn_out, conv_state,
+                                    ssm_state, state_scale)
         if _count_on_device:
             _bump_device(kind, core_attn_out.device)
         return None
+
+    def _sm70_conv_weight(self) -> torch.Tensor:
+        return self.conv1d.weight.view(self.conv1d.weight.size(0), self.conv1d.weight.size(2))
+
+    def _sm70_decode(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                     conv_state: torch.Tensor, ssm_state: torch.Tensor,
+                     state_scale: torch.Tensor | None, query_start_loc: torch.Tensor,
+                     state_indices: torch.Tensor, num_accepted: torch.Tensor | None
+                     ) -> torch.Tensor:
+        """Our conv1d update + recurrent decode of decode rows x [T, D]: out [T, HV, 128]."""
+        qkv = kernels.gdn_conv1d_update(
+            x, conv_state, self._sm70_conv_weight(), self.conv1d.bias, query_start_loc,
+            state_indices, num_accepted, silu=self.activation in routing.SILU_NAMES)
+        return kernels.gdn_recurrent_decode(
+            qkv, a, b, self.A_log, self.dt_bias, ssm_state, query_start_loc, state_indices,
+            num_accepted, self.num_k_heads // self.tp_size, self.head_k_dim**-0.5, state_scale)
+
+    def _sm70_prefill_step(self, meta: Any, kind: str, mixed_qkv: torch.Tensor,
+                           b: torch.Tensor, a: torch.Tensor, core_attn_out: torch.Tensor,
+                           conv_state: torch.Tensor, ssm_state: torch.Tensor,
+                           state_scale: torch.Tensor | None) -> None:
+        """A step with prefill rows on our ops (routing.prefill_plan), in place on the pool
+        views given (vLLM's, or the int16 layer's float32 scratch)."""
+        plan = routing.prefill_plan(meta, kind, getattr(self, "gdn_prefill_backend", "triton"))
+        if plan.gathered:  # MTP rows in the step: vLLM's index tensors say whose tokens
+            spec_tok = meta.spec_token_indx.long()
+            ns_tok = meta.non_spec_token_indx.long()
+            if plan.num_spec:
+                n = plan.num_spec
+                out_spec = self._sm70_decode(
+                    mixed_qkv.index_select(0, spec_tok), a.index_select(0, spec_tok),
+                    b.index_select(0, spec_tok), conv_state, ssm_state, state_scale,
+                    meta.spec_query_start_loc[: n + 1], meta.spec_state_indices_tensor[:n],
+                    meta.num_accepted_tokens[:n])
+                core_attn_out.index_copy_(0, spec_tok, out_spec.to(core_attn_out.dtype))
+            x_ns, a_ns, b_ns = (t.index_select(0, ns_tok) for t in (mixed_qkv, a, b))
+        else:
+            x_ns, a_ns, b_ns = mixed_qkv, a, b
+        d = plan.num_decodes
+        qsl = meta.non_spec_query_start_loc
+        idx = meta.non_spec_state_indices_tensor
+        if d:
+            core_attn_out[:d] = self._sm70_decode(
+                x_ns[:d], a_ns[:d], b_ns[:d], conv_state, ssm_state, state_scale, qsl[: d + 1],
+                idx[:d], None)
+        p, lo = plan.num_prefills, plan.first_prefill_token
+        hi = lo + plan.prefill_tokens
+        # the prefill rows' own numbering: sequences from 0, tokens from 0
+        qsl_p = (qsl[d: d + p + 1] - lo).to(torch.int32).contiguous()
+        idx_p = idx[d: d + p]
+        init_p = meta.has_initial_state[d: d + p].contiguous()
+        qkv = kernels.gdn_conv1d_prefill(
+            x_ns[lo:hi], conv_state, self._sm70_conv_weight(), self.conv1d.bias, qsl_p, idx_p,
+            init_p, silu=self.activation in routing.SILU_NAMES)
+        if state_scale is not None:
+            raise RuntimeError("our chunked prefill takes a float32 state; the int16 layer "
+                               "hands it a float32 scratch")
+        h, scale = self.num_k_heads // self.tp_size, self.head_k_dim**-0.5
+        if plan.two_pass:
+            table = meta.chunk_indices[plan.chunk_rows_skipped:]
+            if d:
+                table = table - torch.tensor([d, 0], dtype=table.dtype, device=table.device)
+            out = kernels.gdn_chunk_prefill_two_pass(
+                qkv, a_ns[lo:hi], b_ns[lo:hi], self.A_log, self.dt_bias, ssm_state, qsl_p,
+                idx_p, init_p, h, scale, table.to(torch.int32).contiguous())
+        else:
+            out = kernels.gdn_chunk_prefill(
+                qkv, a_ns[lo:hi], b_ns[lo:hi], self.A_log, self.dt_bias, ssm_state, qsl_p,
+                idx_p, init_p, h, scale)
+        if plan.gathered:
+            core_attn_out.index_copy_(0, ns_tok[lo:hi], out.to(core_attn_out.dtype))
+        else:
+            core_attn_out[lo:hi] = out
 
 
 class Sm70GatedDeltaNetInt16(Sm70GatedDeltaNet):
@@ -214,8 +308,8 @@ class Sm70GatedDeltaNetInt16(Sm70GatedDeltaNet):
         unsupported = self._sm70_unsupported(mixed_qkv)
         if unsupported is not None:
             raise RuntimeError(int16_pool.layer_refusal(unsupported))
-        kind = routing.route(meta)
-        if kind in _DEVICE_SLOTS:
+        kind = routing.route(meta, None, _prefill)
+        if kind in (routing.OURS_DECODE, routing.OURS_SPEC):
             return Sm70GatedDeltaNet._forward_core(self, mixed_qkv, b, a, core_attn_out)
         if kind == routing.STOCK_MIXED:
             raise RuntimeError(int16_pool.layer_refusal(
@@ -225,6 +319,13 @@ class Sm70GatedDeltaNetInt16(Sm70GatedDeltaNet):
         if kind == routing.STOCK_EMPTY:
             return None  # no rows: no state to read or write
         pool = self.kv_cache
+        if kind in (routing.OURS_PREFILL, routing.OURS_PREFILL_SPEC):
+            def ours(conv: torch.Tensor, state: torch.Tensor, meta_s: Any) -> None:
+                self._sm70_prefill_step(meta_s, kind, mixed_qkv, b, a, core_attn_out, conv,
+                                        state, None)
+
+            int16_scratch.run_on_scratch(pool[0], pool[1], pool[2], meta, ours)
+            return None
 
         def stock(conv: torch.Tensor, state: torch.Tensor, meta_s: Any) -> None:
             # vLLM's _forward_core reads its pool and metadata from these two places
@@ -241,10 +342,12 @@ class Sm70GatedDeltaNetInt16(Sm70GatedDeltaNet):
 _registered: list[str] = []
 
 
-def register(int16_state: bool = False) -> str:
+def register(int16_state: bool = False, prefill: str = "fla") -> str:
     """Install Sm70GatedDeltaNet in place of vLLM's class (once per process); for the int16
-    pool, Sm70GatedDeltaNetInt16 and int16_model's class under the architecture's name."""
+    pool, Sm70GatedDeltaNetInt16 and int16_model's class under the architecture's name;
+    `prefill` is the plugin's gdn.prefill (set_prefill)."""
     cls = Sm70GatedDeltaNetInt16 if int16_state else Sm70GatedDeltaNet
+    set_prefill(prefill)
     with _lock:
         if _registered:
             return _registered[0]
@@ -255,7 +358,7 @@ def register(int16_state: bool = False) -> str:
         else:
             if current is None:
                 QwenGatedDeltaNetAttention.register_oot(cls)
-            msg = f"{name} -> {cls.__module__}.{cls.__name__}"
+            msg = f"{name} -> {cls.__module__}.{cls.__name__}; prefill on {prefill}"
             if int16_state:
                 # the model class sizes the page before any layer exists: both must agree
                 from vllm import ModelRegistry

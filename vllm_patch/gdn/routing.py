@@ -1,13 +1,34 @@
-"""Which GDN batches our decode ops take, and what they are given (pure: no torch, no vLLM).
+"""Which GDN batches our ops take, and what they are given (pure: no torch, no vLLM).
 
 vLLM 0.22.1's GDN metadata (vllm/v1/attention/backends/gdn_attn.py) sorts a step into three
 kinds of rows: prefills (chunked FLA), plain decodes (one token, state slot
 non_spec_state_indices_tensor[n]) and MTP verification rows (1 + k tokens, one state slot
 per position in spec_state_indices_tensor[n, :], initial state at column
 num_accepted_tokens[n] - 1). The two decode kinds never share a step (the builder turns
-plain decodes into prefills when spec rows exist). We take a step only when it holds decode
-rows alone; any step with a prefill goes to vLLM's own path whole, so the prefill and the
-decode rows FLA's chunk kernel absorbs there stay on FLA.
+plain decodes into prefills when spec rows exist). Decode-only steps always run on our
+decode ops. A step with a prefill row goes to vLLM's own path whole (FLA) unless the plugin's
+`gdn.prefill` is "sm70" (SM70_GDN_KERNEL=sm70_chunk); then `prefill_plan` splits it:
+
+- without MTP rows, the builder's batch order is plain decodes first (one token each), then
+  prefills; all of them are "non-spec" rows (non_spec_query_start_loc, one state slot each
+  in non_spec_state_indices_tensor, has_initial_state per row). vLLM runs the decodes
+  through FLA's chunk kernel as 1-token sequences; we run them on our decode ops (the same
+  recurrence on the same slot, without a 64-token chunk for one token) and the prefills
+  after them on our conv1d prefill + chunked prefill, with the sequence and token offsets
+  rebased past the decodes;
+- with MTP rows, vLLM's index tensors gather the tokens (spec_token_indx,
+  non_spec_token_indx): the MTP rows go to our decode ops exactly as in a decode-only MTP
+  step, the non-spec rows (all prefills here, plain decodes included) to our prefill ops;
+  zero-length padded rows sit at the back of the non-spec rows and are left out
+  (num_prefills does not count them).
+
+The chunked prefill runs two-pass when the metadata carries `chunk_indices` (FLA's table,
+made by the builder on the host and copied without a sync; the two-pass op needs it to size
+its first pass, and it is the faster one: docs/gdn.md); otherwise one-pass, which needs no
+table (making one would cost a device sync). FLA numbers chunks by non-empty sequence,
+ours by sequence: the same numbers while the empty rows are all at the back, which is how
+the builder pads. The in-tree CuteDSL prefill backend (Blackwell only, opt-in) builds its
+own table, so with it we take one-pass.
 
 In full CUDA-graph steps the builder pads the index and query-start tensors to the graph's
 batch with the null block (0) and empty sequences; the sequence counts it reports are the
@@ -27,6 +48,9 @@ STOCK_MIXED = "stock:mixed"  # plain and MTP decode rows in one step
 STOCK_UNSUPPORTED = "stock:unsupported"  # the layer's shapes or dtypes (unsupported_reason)
 OURS_DECODE = "sm70:decode"
 OURS_SPEC = "sm70:spec"
+OURS_PREFILL = "sm70:prefill"  # prefill rows (and plain decodes before them) on our ops
+OURS_PREFILL_SPEC = "sm70:prefill+spec"  # prefill rows and MTP rows in one step on our ops
+PREFILL_CHOICES = ("fla", "sm70")  # the plugin's gdn.prefill
 
 HEAD_DIM = 128
 CONV_WIDTH = 4
@@ -87,14 +111,19 @@ def unsupported_reason(s: LayerShape) -> str | None:
     return None
 
 
-def route(meta: Any | None, unsupported: str | None = None) -> str:
-    """Where a step with this GDNAttentionMetadata (None: no metadata) goes."""
+def route(meta: Any | None, unsupported: str | None = None, prefill: str = "fla") -> str:
+    """Where a step with this GDNAttentionMetadata (None: no metadata) goes; `prefill` is
+    the plugin's gdn.prefill (steps with a prefill row: "fla" vLLM's path, "sm70" ours)."""
+    if prefill not in PREFILL_CHOICES:
+        raise ValueError(f"gdn.prefill is {prefill!r}; choose one of {PREFILL_CHOICES}")
     if meta is None:
         return STOCK_NO_METADATA
     if unsupported is not None:
         return STOCK_UNSUPPORTED
     if meta.num_prefills > 0:
-        return STOCK_PREFILL
+        if prefill != "sm70":
+            return STOCK_PREFILL
+        return OURS_PREFILL if meta.spec_sequence_masks is None else OURS_PREFILL_SPEC
     if meta.spec_sequence_masks is not None:
         if meta.num_decodes > 0:  # the builder never makes this; vLLM's path would see both
             return STOCK_MIXED
@@ -126,3 +155,52 @@ def decode_args(meta: Any, kind: str) -> DecodeArgs:
                           meta.spec_state_indices_tensor[:n], meta.num_accepted_tokens[:n],
                           int(meta.num_actual_tokens))
     raise ValueError(f"decode_args takes {OURS_DECODE} or {OURS_SPEC}, got {kind!r}")
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """How a step `route` sent to OURS_PREFILL or OURS_PREFILL_SPEC is split (host ints).
+
+    Non-spec rows are numbered as vLLM's non-spec tensors number them; their tokens are
+    the first tokens of the step (no MTP rows) or gathered by non_spec_token_indx."""
+
+    num_decodes: int  # plain decode rows at the front of the non-spec rows: our decode ops
+    num_prefills: int  # non-spec rows num_decodes .. num_decodes + num_prefills: prefill ops
+    prefill_tokens: int  # their tokens, right after the decodes' num_decodes tokens
+    num_spec: int  # MTP rows (0 without): our decode ops on the spec_token_indx tokens
+    gathered: bool  # tokens gathered by vLLM's index tensors (MTP rows in the step)
+    two_pass: bool  # vLLM's chunk table is there and in FLA's numbering
+    num_tokens: int  # rows of the layer's tensors this step (num_actual_tokens)
+
+    @property
+    def first_prefill_token(self) -> int:
+        """Where the prefill rows' tokens start in the non-spec token stream (each plain
+        decode row is one token)."""
+        return self.num_decodes
+
+    @property
+    def chunk_rows_skipped(self) -> int:
+        """Rows of vLLM's chunk table that belong to the decode rows (one chunk each)."""
+        return self.num_decodes
+
+
+def prefill_plan(meta: Any, kind: str, prefill_backend: str = "triton") -> PrefillPlan:
+    """Split a step with a prefill row between our decode and prefill ops; prefill_backend
+    is vLLM's resolved GDN prefill backend (the layer's `gdn_prefill_backend`)."""
+    if kind not in (OURS_PREFILL, OURS_PREFILL_SPEC):
+        raise ValueError(f"prefill_plan takes {OURS_PREFILL} or {OURS_PREFILL_SPEC}, "
+                         f"got {kind!r}")
+    gathered = kind == OURS_PREFILL_SPEC
+    num_decodes = 0 if gathered else int(meta.num_decodes)
+    if gathered and int(meta.num_decodes):  # the builder reclassifies them as prefills
+        raise ValueError("a step with MTP rows reports plain decode rows; vLLM 0.22.1's "
+                         "builder never makes one")
+    return PrefillPlan(
+        num_decodes=num_decodes,
+        num_prefills=int(meta.num_prefills),
+        prefill_tokens=int(meta.num_prefill_tokens),
+        num_spec=int(meta.num_spec_decodes) if gathered else 0,
+        gathered=gathered,
+        two_pass=meta.chunk_indices is not None and prefill_backend != "cutedsl",
+        num_tokens=int(meta.num_actual_tokens),
+    )

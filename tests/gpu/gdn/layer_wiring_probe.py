@@ -6,7 +6,10 @@ our two ops are replaced by their float64 references (vllm_patch.ops.reference_g
 fp16 like the kernels' outputs), so what is checked is what the layer hands them: the
 metadata rows (graph-padded as vLLM's builder pads them), the pool views it updates in
 place (strided, as the hybrid pages are), the per-GPU head count at TP=2, the conv weight
-view, and where the outputs land. A prefill step must reach vLLM's own _forward_core.
+view, and where the outputs land. A prefill step must reach vLLM's own _forward_core by
+default; with our prefill on (set_prefill("sm70")) a prefill-only step, a step of plain
+decodes and prefills (chunk table or none) and a step of MTP rows and prefills must give
+what each request alone gives on the references (`expected`), on its own slots only.
 
     python layer_wiring_probe.py RESULT.json
 """
@@ -144,6 +147,183 @@ def run_prefill(layer_mod: Any, gdn_attn: Any) -> dict[str, Any]:
     return {"stock_called": seen == ["stock"], "calls": dict(layer_mod.CALLS)}
 
 
+# --- steps with prefill rows (our prefill on: layer.set_prefill("sm70")) ---------------
+# A request of a step: its kind ("decode", "prefill", "spec", "pad"), token count, state
+# slot(s), whether it starts from its state, and (spec) accepted tokens.
+Req = dict[str, Any]
+
+MIXED = [  # plain decodes first (the builder's order), then prefills; 70 tokens cross a chunk
+    {"kind": "decode", "n": 1, "slot": 7, "init": True},
+    {"kind": "decode", "n": 1, "slot": 4, "init": True},
+    {"kind": "prefill", "n": 70, "slot": 9, "init": True},
+    {"kind": "prefill", "n": 5, "slot": 13, "init": False},
+]
+PREFILL_ONLY = [
+    {"kind": "prefill", "n": 65, "slot": 17, "init": False},
+    {"kind": "prefill", "n": 3, "slot": 9, "init": True},
+]
+MIXED_SPEC = [  # MTP rows among prefills; a plain decode the builder counts as a prefill
+    {"kind": "spec", "n": 4, "slots": [11, 12, 13, 14], "acc": 2},
+    {"kind": "prefill", "n": 66, "slot": 9, "init": True},
+    {"kind": "spec", "n": 2, "slots": [21, 22, 23, 24], "acc": 1},
+    {"kind": "prefill", "n": 1, "slot": 4, "init": True},
+    {"kind": "pad", "n": 0, "slot": 0, "init": False},  # a padded row, at the back
+]
+PAD_TOKENS = 3  # num_actual_tokens past the real ones, as a padded batch has
+
+
+def fla_chunk_indices(lens: list[int]) -> torch.Tensor:
+    """FLA's table (vllm/model_executor/layers/fla/ops/index.py): (sequence numbered by
+    non-empty sequences, chunk) per 64-token chunk."""
+    rows, seq = [], -1
+    for n in lens:
+        for c in range((n + 63) // 64):
+            seq += c == 0
+            rows.append([seq, c])
+    return torch.tensor(rows, dtype=torch.int32).view(-1, 2)
+
+
+def _cum(lens: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def meta_prefill(gdn_attn: Any, reqs: list[Req], table: bool) -> Any:
+    """GDNAttentionMetadata for these requests, laid out as vLLM 0.22.1's builder does."""
+    lens = [r["n"] for r in reqs]
+    total = sum(lens)
+    spec = [r["kind"] == "spec" for r in reqs]
+    ns = [r for r, s in zip(reqs, spec, strict=True) if not s]
+    ns_lens = [r["n"] for r in ns]
+    fields: dict[str, Any] = dict(num_actual_tokens=total + PAD_TOKENS)
+    if any(spec):
+        starts = _cum(lens).tolist()
+        tok_spec = [t for r, s, b in zip(reqs, spec, starts, strict=False) if s
+                    for t in range(b, b + r["n"])]
+        tok_ns = [t for r, s, b in zip(reqs, spec, starts, strict=False) if not s
+                  for t in range(b, b + r["n"])]
+        sp = [r for r in reqs if r["kind"] == "spec"]
+        fields.update(
+            num_prefills=sum(r["kind"] in ("prefill", "decode") for r in ns),
+            num_prefill_tokens=sum(ns_lens), num_decodes=0, num_decode_tokens=0,
+            num_spec_decodes=len(sp), num_spec_decode_tokens=sum(r["n"] for r in sp),
+            spec_sequence_masks=torch.tensor(spec),
+            spec_token_indx=torch.tensor(tok_spec), non_spec_token_indx=torch.tensor(tok_ns),
+            spec_query_start_loc=_cum([r["n"] for r in sp]),
+            spec_state_indices_tensor=torch.tensor([r["slots"] for r in sp], dtype=torch.int32),
+            num_accepted_tokens=torch.tensor([r["acc"] for r in sp], dtype=torch.int32))
+    else:
+        dec = [r for r in ns if r["kind"] == "decode"]
+        fields.update(
+            num_prefills=len(ns) - len(dec), num_prefill_tokens=sum(ns_lens) - len(dec),
+            num_decodes=len(dec), num_decode_tokens=len(dec), num_spec_decodes=0,
+            num_spec_decode_tokens=0)
+    # the slot is column 0 of the (gathered) block table: a strided view, as vLLM's
+    block = torch.full((len(ns), 4), -5, dtype=torch.int32)
+    block[:, 0] = torch.tensor([r["slot"] for r in ns], dtype=torch.int32)
+    fields.update(
+        non_spec_query_start_loc=_cum(ns_lens), non_spec_state_indices_tensor=block[:, 0],
+        has_initial_state=torch.tensor([r["init"] for r in ns]),
+        chunk_indices=fla_chunk_indices(ns_lens) if table else None,
+        chunk_offsets=None)
+    return gdn_attn.GDNAttentionMetadata(**fields)
+
+
+def expected(layer: Any, ref: Any, reqs: list[Req], mixed_qkv: torch.Tensor, a: torch.Tensor,
+             b: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
+    """Each request alone on the references, as vLLM's own path defines it (a plain decode
+    row is a 1-token prefill from its state there): out [T, HV, D], pools updated."""
+    w = layer.conv1d.weight.view(CONV_DIM, 4)
+    out = torch.zeros(mixed_qkv.shape[0], HV, D, dtype=torch.float16)
+    pos = 0
+    for r in reqs:
+        rows = slice(pos, pos + r["n"])
+        pos += r["n"]
+        if r["kind"] == "pad":
+            continue
+        qsl = torch.tensor([0, r["n"]], dtype=torch.int32)
+        if r["kind"] == "spec":
+            idx = torch.tensor([r["slots"]], dtype=torch.int32)
+            acc = torch.tensor([r["acc"]], dtype=torch.int32)
+            x = ref.conv1d_update_reference(mixed_qkv[rows], conv, w, None, qsl, idx, acc).half()
+            out[rows] = ref.gdn_recurrent_reference(x, a[rows], b[rows], layer.A_log,
+                                                    layer.dt_bias, ssm, qsl, idx, acc, H,
+                                                    D**-0.5).half()
+            continue
+        idx = torch.tensor([r["slot"]], dtype=torch.int32)
+        init = torch.tensor([r["init"]])
+        x = ref.conv1d_prefill_reference(mixed_qkv[rows], conv, w, None, qsl, idx, init).half()
+        out[rows] = ref.gdn_prefill_reference(x, a[rows], b[rows], layer.A_log, layer.dt_bias,
+                                              ssm, qsl, idx, init, H, D**-0.5).half()
+    return out
+
+
+def run_prefill_step(layer_mod: Any, ref: Any, gdn_attn: Any, reqs: list[Req], table: bool,
+                     seed: int, ops: list[str]) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(seed)
+    layer = make_layer(layer_mod, gen)
+    meta = meta_prefill(gdn_attn, reqs, table)
+    t = meta.num_actual_tokens
+    mixed_qkv, b, a = inputs(t, gen)
+    conv0, ssm0 = (x.clone() for x in layer.kv_cache)
+    layer_mod.get_forward_context = lambda: SimpleNamespace(attn_metadata={PREFIX: meta})
+    core = torch.zeros(t, HV, D, dtype=torch.float16)
+    first = len(ops)
+    calls0 = dict(layer_mod.CALLS)
+    layer._forward_core(mixed_qkv, b, a, core)
+    conv_want, ssm_want = conv0.clone(), ssm0.clone()
+    want = expected(layer, ref, reqs, mixed_qkv, a, b, conv_want, ssm_want)
+    real = t - PAD_TOKENS
+    slots = sorted({s for r in reqs if r["kind"] != "pad"
+                    for s in (r["slots"] if r["kind"] == "spec" else [r["slot"]])})
+    others = [s for s in range(1, SLOTS) if s not in slots]
+    return {
+        "out_close": bool(torch.allclose(core[:real].float(), want[:real].float(),
+                                         atol=2e-3, rtol=1e-3)),
+        "out_max_err": float((core[:real].float() - want[:real].float()).abs().max()),
+        "conv_state_close": bool(torch.allclose(layer.kv_cache[0].float(),
+                                                conv_want.float(), atol=1e-3)),
+        "ssm_state_close": bool(torch.allclose(layer.kv_cache[1], ssm_want, atol=1e-5,
+                                               rtol=1e-5)),
+        "states_changed": bool(not torch.equal(layer.kv_cache[1][slots], ssm0[slots])),
+        "other_slots_untouched": bool(torch.equal(layer.kv_cache[1][others], ssm0[others])
+                                      and torch.equal(layer.kv_cache[0][others],
+                                                      conv0[others])),
+        "ops": ops[first:],
+        "calls": {k: v - calls0.get(k, 0) for k, v in layer_mod.CALLS.items()
+                  if v != calls0.get(k, 0)},
+    }
+
+
+def prefill_fakes(layer_mod: Any, ref: Any, ops: list[str], tables: list[bool]) -> None:
+    """Our prefill ops replaced by their references; the two-pass one also checks the chunk
+    table it is handed against the one our wrapper would make for its sequences."""
+    from vllm_patch.ops import kernels
+
+    def conv_prefill(x: Any, conv_state: Any, weight: Any, bias: Any, qsl: Any, idx: Any,
+                     init: Any, silu: bool = True) -> Any:
+        ops.append("conv_prefill")
+        return ref.conv1d_prefill_reference(x, conv_state, weight, bias, qsl, idx, init,
+                                            silu).half()
+
+    def one_pass(qkv: Any, a: Any, b: Any, a_log: Any, dt_bias: Any, state: Any, qsl: Any,
+                 idx: Any, init: Any, h: int, scale: float) -> Any:
+        ops.append("chunk_one_pass")
+        return ref.gdn_prefill_reference(qkv, a, b, a_log, dt_bias, state, qsl, idx, init, h,
+                                         scale).half()
+
+    def two_pass(qkv: Any, a: Any, b: Any, a_log: Any, dt_bias: Any, state: Any, qsl: Any,
+                 idx: Any, init: Any, h: int, scale: float, table: Any = None) -> Any:
+        ops.append("chunk_two_pass")
+        tables.append(table is not None
+                      and torch.equal(table, kernels.gdn_chunk_indices(qsl)))
+        return ref.gdn_prefill_reference(qkv, a, b, a_log, dt_bias, state, qsl, idx, init, h,
+                                         scale).half()
+
+    layer_mod.kernels.gdn_conv1d_prefill = conv_prefill
+    layer_mod.kernels.gdn_chunk_prefill = one_pass
+    layer_mod.kernels.gdn_chunk_prefill_two_pass = two_pass
+
+
 def main() -> int:
     result: dict[str, Any] = {}
     try:
@@ -173,7 +353,21 @@ def main() -> int:
         n_ops = len(ops)
         result["prefill"] = run_prefill(layer_mod, gdn_attn)
         result["ops_in_prefill_step"] = len(ops) - n_ops
-        result["ops"] = ops
+        result["ops"] = list(ops)
+        tables: list[bool] = []
+        prefill_fakes(layer_mod, ref, ops, tables)
+        layer_mod.set_prefill("sm70")
+        try:
+            for name, reqs, table, seed in (("prefill_only", PREFILL_ONLY, True, 4),
+                                            ("mixed", MIXED, True, 5),
+                                            ("mixed_one_pass", MIXED, False, 6),
+                                            ("mixed_spec", MIXED_SPEC, True, 7)):
+                n_tables = len(tables)
+                result[name] = run_prefill_step(layer_mod, ref, gdn_attn, reqs, table, seed,
+                                                ops)
+                result[name]["tables_ok"] = tables[n_tables:]
+        finally:
+            layer_mod.set_prefill("fla")
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = traceback.format_exc()[-4000:]
