@@ -648,6 +648,9 @@ def check_clef_vs_merged(ours: dict[str, Any], merged: dict[str, Any],
     from compare import compare_request
 
     only, mixed = ours["phases"]["chat_only"], ours["phases"]["mixed"]
+    if "base16" not in base16["phases"]:
+        raise RuntimeError("no noise floor: the base weights were not loaded into the merged "
+                           f"engine ({base16['phases'].get('reload')})")
     ref_m, ref_b = merged["phases"]["all"], base16["phases"]["base16"]
     floor = [compare_request(ref_b[i], only[i]) for i in range(len(only))]
     noise = max(r["max_abs_dlogprob"] for r in floor)
