@@ -108,6 +108,15 @@ def jobs(py: str) -> list[Job]:
                             f"{py} {ROOT}/bench/profile_vllm_ops.py $OUT/sides_slice.json "
                             "--out $OUT/h200_vllm_op_split.json"],
             {"ops", "slice"}, 0.5, own_args=True),
+        # the same slice with our side on the plugin's attention backend (SM70_PAGED: our KV
+        # write and paged decode, Triton prefill): the real-shape run that gates its default
+        Job("slice_paged", ["bash", "-c", f"{py} {AB}/run_ab.py --shape slice --out $OUT "
+                            "--budget-s 470 --modes graphs --side-args '--max-len 33792 "
+                            "--max-batched 2048 --kv-gib 8 --util 0.25 --bench --quick-bench "
+                            "--phases single,batch16' --ours-args '--attention-backend CUSTOM' ; "
+                            f"{py} {ROOT}/bench/bench_vllm_decode.py $OUT/sides_slice.json "
+                            "--out $OUT/h200_vllm_decode_paged.json"],
+            {"ops", "slice"}, 0.5, own_args=True),
         Job("attn_decode_bench", ["bash", "-c", f"{py} {ROOT}/bench/bench_attention_decode.py "
                                   "--out $OUT/h200_attention_decode.json"],
             {"ops"}, 0.1, own_args=True),

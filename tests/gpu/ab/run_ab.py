@@ -96,8 +96,12 @@ def main() -> int:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--side-args", default="",
                     help="extra ab_side.py arguments, e.g. '--max-len 33792 --bench'")
+    ap.add_argument("--ours-args", default="",
+                    help="extra ab_side.py arguments for our side only, e.g. "
+                    "'--attention-backend CUSTOM' (stock has no plugin backend)")
     a = ap.parse_args()
     extra = a.side_args.split()
+    ours_extra = a.ours_args.split()
     t0 = time.time()
     deadline = t0 + a.budget_s
     out = a.out
@@ -182,7 +186,8 @@ def main() -> int:
             name = f"ours_{mode}"
             procs[name] = start([py, str(HERE / "ab_side.py"), "--side", "ours", "--mode", mode,
                                  "--model", str(work / "int8"),
-                                 "--out", str(side_dir / f"{name}.json"), *extra],
+                                 "--out", str(side_dir / f"{name}.json"), *extra,
+                                 *ours_extra],
                                 side_env("ours", {"VLLM_CACHE_ROOT": f"/tmp/vc_{name}"}),
                                 logs / f"{name}.log")
     # Poll rather than wait: every few seconds what the sides wrote so far is copied to $OUT,
