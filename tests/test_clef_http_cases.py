@@ -55,7 +55,10 @@ def test_base_route_must_give_the_chat_rows_tokens_not_the_clef_rows() -> None:
     near = row([1, 2, 3, 4], [-0.5] * 4, margin=0.01)
     assert h.base_verdict(row([1, 2, 7, 7], [-0.5] * 4), near, clef, tol)["passed"]
     assert not h.base_verdict(row([1, 2, 7, 7], [-0.5] * 4), chat, clef, tol)["passed"]
-    # a prompt whose Clef row equals its chat row proves nothing
+    # a Clef row with the chat row's tokens: told apart by the log-probs, or not at all
+    same_tokens = row([1, 2, 3, 4], [-0.3] * 4)
+    assert h.base_verdict(chat, chat, same_tokens, tol)["passed"]
+    assert not h.base_verdict(same_tokens, chat, same_tokens, tol)["passed"]
     assert not h.base_verdict(chat, chat, chat, tol)["passed"]
 
 

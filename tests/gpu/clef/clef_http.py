@@ -113,26 +113,31 @@ def refusal_ok(status: int, body: Any, param: str, needle: str) -> bool:
 def base_verdict(server: Mapping[str, Any], chat_row: Mapping[str, Any],
                  clef_row: Mapping[str, Any], tol: float) -> dict[str, Any]:
     """The base model name's completion against `ours`' rows for the same prompt: its
-    log-probs within `tol` of the chat row's while their tokens agree, and its tokens the
-    chat row's at least up to and including the step where the Clef row left them (so the
-    answer is the base route's, not a corrected one). A later divergence from the chat row
-    is allowed only at a near-tie (the chat row's top-2 margin within `tol`): the server
-    runs its steps eagerly and alone, `ours` in graphs in a batch of 12."""
+    log-probs within `tol` of the chat row's while their tokens agree, and told apart from
+    the Clef row (so the answer is the base route's, not a corrected one): where the Clef row
+    left the chat row's tokens, the server's tokens are the chat row's at least up to and
+    including that step; where it did not, the server's log-probs are more than `tol` from
+    the Clef row's. A later divergence from the chat row is allowed only at a near-tie (the
+    chat row's top-2 margin within `tol`): the server runs its steps eagerly and alone,
+    `ours` in graphs in a batch of 12."""
     from compare import compare_request
 
     vs_chat = compare_request(chat_row, server)
     clef_left = compare_request(chat_row, clef_row)
-    if clef_left["equal"]:
-        return {"passed": False, "why": "the Clef row has the chat row's tokens: the "
-                "prompt cannot tell the routes apart", "vs_chat": vs_chat}
-    left_at = clef_left["first_diff"]["step"]
     ok = vs_chat["max_abs_dlogprob"] <= tol
+    out: dict[str, Any] = {"vs_chat": vs_chat, "tolerance": tol}
+    if clef_left["equal"]:
+        vs_clef = compare_request(clef_row, server)
+        out["vs_clef_max_abs_dlogprob"] = vs_clef["max_abs_dlogprob"]
+        ok = ok and vs_chat["equal"] and vs_clef["max_abs_dlogprob"] > tol
+        return {"passed": bool(ok), **out}
+    left_at = clef_left["first_diff"]["step"]
+    out["clef_row_left_at"] = left_at
     if not vs_chat["equal"]:
         d = vs_chat["first_diff"]
         ok = ok and d["step"] > left_at and d["ref_margin"] is not None and \
             d["ref_margin"] <= tol
-    return {"passed": bool(ok), "vs_chat": vs_chat, "clef_row_left_at": left_at,
-            "tolerance": tol}
+    return {"passed": bool(ok), **out}
 
 
 # ------------------------------------------------------------------ the world
