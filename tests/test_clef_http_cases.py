@@ -136,3 +136,9 @@ def test_http_verdict_combines_the_cases() -> None:
     got["clef_score"]["body"] = score_body([[0.6, 0.4]])
     assert not h.judge(got, ours, d.HTTP_PROMPT_IDX, 0.02)["clef_score"]["passed"]
     assert h.judge({}, ours, d.HTTP_PROMPT_IDX, 0.02)["base_chat"]["passed"] is None
+
+
+def test_a_malformed_score_body_fails_its_case_only() -> None:
+    ours = {"phases": {"http_ref": {"response": score_body([[0.2, 0.8]])}}}
+    v = h.judge({"clef_score": {"status": 200, "body": "not json"}}, ours, 1, 0.02)
+    assert v["clef_score"]["passed"] is False and "error" in v["clef_score"]

@@ -344,7 +344,11 @@ def judge(got: Mapping[str, Any], ours: Mapping[str, Any], prompt_idx: int,
         v[name] = {"passed": bool(g.get("passed")) if g else None, **g}
     cs, ref = got.get("clef_score", {}), phases.get("http_ref")
     if cs.get("status") == 200 and ref and "response" in ref:
-        v["clef_score"] = score_verdict(cs["body"], ref["response"])
+        try:
+            v["clef_score"] = score_verdict(cs["body"], ref["response"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a malformed body
+            v["clef_score"] = {"passed": False, "error": f"{type(exc).__name__}: {exc}",
+                               "got": cs}
     else:
         v["clef_score"] = {"passed": False if cs else None, "got": cs,
                            "engine_side": ref}
