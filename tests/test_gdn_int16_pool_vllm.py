@@ -127,7 +127,9 @@ def test_decode_steps_hand_the_scales_to_our_op(probe: dict[str, Any], kind: str
 def test_a_prefill_step_runs_vllm_on_a_float32_copy_of_its_slots(probe: dict[str, Any]) -> None:
     r = probe["layer"]["prefill"]
     assert r["state_dtype"] == "torch.float32"
-    assert r["indices"] == [2, 0, 1, -1]  # slots 17, 5, 9 renumbered into [5, 9, 17]; PAD kept
+    # slots 17, 5, 9 renumbered into [0, 5, 9, 17] (the null block first, so no real slot
+    # becomes 0, which our kernels skip); PAD kept
+    assert r["indices"] == [3, 1, 2, -1]
     assert r["scratch_holds_the_slots"]
     assert r["stock_output"]
     assert r["state_stored"] and r["state_changed"] and r["conv_stored"]

@@ -55,7 +55,7 @@ def test_a_prefill_step_goes_to_vllm(result: dict) -> None:
     assert result["prefill"]["calls"]["stock:prefill"] == 1
 
 
-PREFILL_STEPS = ["prefill_only", "mixed", "mixed_one_pass", "mixed_spec"]
+PREFILL_STEPS = ["prefill_only", "mixed", "mixed_one_pass", "mixed_spec", "mixed_int16"]
 
 
 @pytest.mark.parametrize("step", PREFILL_STEPS)
@@ -78,6 +78,7 @@ def test_each_prefill_step_runs_the_ops_the_routing_names(result: dict) -> None:
                                                "chunk_one_pass"]
     assert result["mixed_spec"]["ops"] == ["conv", "recurrent", "conv_prefill",
                                            "chunk_two_pass"]
+    assert result["mixed_int16"]["ops"] == result["mixed"]["ops"]  # on the float32 scratch
     for step in ("prefill_only", "mixed", "mixed_spec"):
         assert result[step]["tables_ok"] == [True], step
     assert result["mixed"]["calls"] == {"sm70:prefill": 1}

@@ -15,7 +15,10 @@ named (TP=2: 1.5 MiB; an MTP row names 1 + k slots), transient (the caching allo
 reuses it layer after layer; it is not in the memory plan), and the gather, dequantise,
 requantise and scatter passes over those slots, small against a prefill chunk's FLA work.
 
-Negative indices (vLLM's PAD_SLOT_ID) stay negative, so the kernels skip them as before.
+Negative indices (vLLM's PAD_SLOT_ID) stay negative, so the kernels skip them as before; the
+null block 0 is always part of the scratch, at row 0, so it stays 0 and no real slot is
+renumbered to 0 (our kernels skip slot 0 as padding: without this the step's lowest slot
+was silently left out on our prefill ops).
 """
 
 from __future__ import annotations
@@ -37,13 +40,16 @@ def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def step_slots(meta: Any) -> torch.Tensor:
-    """The distinct non-negative slots the step's index tensors name, sorted (int64)."""
+    """The distinct non-negative slots the step's index tensors name, sorted (int64), with
+    the null block 0 always first: renumbered, a real slot then never becomes 0, which our
+    kernels (like vLLM's null block) skip as padding."""
     parts = [t.reshape(-1) for t in (meta.non_spec_state_indices_tensor,
                                      meta.spec_state_indices_tensor) if t is not None]
     if not parts:
         return torch.empty(0, dtype=torch.int64)
     flat = torch.cat(parts).to(torch.int64)
-    return torch.unique(flat[flat >= 0])
+    null = torch.zeros(1, dtype=torch.int64, device=flat.device)
+    return torch.unique(torch.cat([null, flat[flat >= 0]]))
 
 
 def renumber(indices: torch.Tensor | None, slots: torch.Tensor) -> torch.Tensor | None:

@@ -261,12 +261,13 @@ class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
                                "hands it a float32 scratch")
         h, scale = self.num_k_heads // self.tp_size, self.head_k_dim**-0.5
         if plan.two_pass:
-            table = meta.chunk_indices[plan.chunk_rows_skipped:]
+            # the decode rows' chunks (one each) dropped, the sequences renumbered past them
+            table = meta.chunk_indices[plan.chunk_rows_skipped:].to(torch.int32, copy=True)
             if d:
-                table = table - torch.tensor([d, 0], dtype=table.dtype, device=table.device)
+                table[:, 0] -= d
             out = kernels.gdn_chunk_prefill_two_pass(
                 qkv, a_ns[lo:hi], b_ns[lo:hi], self.A_log, self.dt_bias, ssm_state, qsl_p,
-                idx_p, init_p, h, scale, table.to(torch.int32).contiguous())
+                idx_p, init_p, h, scale, table.contiguous())
         else:
             out = kernels.gdn_chunk_prefill(
                 qkv, a_ns[lo:hi], b_ns[lo:hi], self.A_log, self.dt_bias, ssm_state, qsl_p,

@@ -294,6 +294,48 @@ def run_prefill_step(layer_mod: Any, ref: Any, gdn_attn: Any, reqs: list[Req], t
     }
 
 
+def run_prefill_step_int16(layer_mod: Any, ref: Any, gdn_attn: Any, reqs: list[Req],
+                           seed: int, ops: list[str]) -> dict[str, Any]:
+    """The int16 pool's layer on the same step: our prefill ops on a float32 copy of the
+    step's slots, stored back as codes + row scales (int16_scratch.py)."""
+    gen = torch.Generator().manual_seed(seed)
+    layer = make_layer(layer_mod, gen)
+    layer.__class__ = layer_mod.Sm70GatedDeltaNetInt16
+    conv, ssm = layer.kv_cache
+    codes, scales = ref.state_int16_quantize(ssm)
+    layer.kv_cache = (conv, codes, scales)
+    meta = meta_prefill(gdn_attn, reqs, True)
+    t = meta.num_actual_tokens
+    mixed_qkv, b, a = inputs(t, gen)
+    conv0, codes0, scales0 = (x.clone() for x in layer.kv_cache)
+    layer_mod.get_forward_context = lambda: SimpleNamespace(attn_metadata={PREFIX: meta})
+    core = torch.zeros(t, HV, D, dtype=torch.float16)
+    first = len(ops)
+    layer._forward_core(mixed_qkv, b, a, core)
+    conv_want = conv0.clone()
+    ssm_want = ref.state_int16_dequantize(codes0, scales0).float()
+    want = expected(layer, ref, reqs, mixed_qkv, a, b, conv_want, ssm_want)
+    got_state = ref.state_int16_dequantize(layer.kv_cache[1], layer.kv_cache[2]).float()
+    real = t - PAD_TOKENS
+    slots = sorted({r["slot"] for r in reqs if r["kind"] != "pad"})
+    others = [s for s in range(1, SLOTS) if s not in slots]
+    # one int16 rounding per row: half a step of the row's largest entry
+    step = ssm_want.abs().amax(-1, keepdim=True) / 32767
+    return {
+        "out_close": bool(torch.allclose(core[:real].float(), want[:real].float(),
+                                         atol=2e-3, rtol=1e-3)),
+        "out_max_err": float((core[:real].float() - want[:real].float()).abs().max()),
+        "conv_state_close": bool(torch.allclose(layer.kv_cache[0].float(),
+                                                conv_want.float(), atol=1e-3)),
+        "ssm_state_close": bool(((got_state - ssm_want).abs() <= step * 0.51 + 1e-7).all()),
+        "states_changed": bool(not torch.equal(layer.kv_cache[1][slots], codes0[slots])),
+        "other_slots_untouched": bool(torch.equal(layer.kv_cache[1][others], codes0[others])
+                                      and torch.equal(layer.kv_cache[2][others],
+                                                      scales0[others])),
+        "ops": ops[first:],
+    }
+
+
 def prefill_fakes(layer_mod: Any, ref: Any, ops: list[str], tables: list[bool]) -> None:
     """Our prefill ops replaced by their references; the two-pass one also checks the chunk
     table it is handed against the one our wrapper would make for its sequences."""
@@ -366,6 +408,8 @@ def main() -> int:
                 result[name] = run_prefill_step(layer_mod, ref, gdn_attn, reqs, table, seed,
                                                 ops)
                 result[name]["tables_ok"] = tables[n_tables:]
+            result["mixed_int16"] = run_prefill_step_int16(layer_mod, ref, gdn_attn, MIXED, 8,
+                                                           ops)
         finally:
             layer_mod.set_prefill("fla")
     except Exception as exc:
