@@ -37,11 +37,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
-import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +47,20 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 AB = HERE.parents[0] / "ab"
 sys.path.insert(0, str(HERE))
-from device_io import atomic_write, log, read_json  # noqa: E402
+import spec_rules as rules  # noqa: E402
+from device_io import (  # noqa: E402
+    atomic_write,
+    engine_share,
+    finish,
+    fresh_plan_dir,
+    launch,
+    log,
+    snapshot,
+    stop,
+    summary_writer,
+    utc_stamp,
+    watch,
+)
 
 ENGINES = ("E0", "E1", "E2")
 KV_BYTES = 512 << 20
@@ -161,14 +172,8 @@ def judge(engines: Mapping[str, Mapping[str, Any]],
         if e.get("traceback"):
             s["engines"][n]["traceback"] = e["traceback"][-2500:]
     ref = engines.get("E0")
-    comps: dict[str, Any] = {}
-    for n in ("E1", "E2"):
-        if ref and engines.get(n):
-            c = compare_sides(ref, engines[n])
-            comps[f"{n}_vs_E0"] = {k: v for k, v in c.items() if k != "phases"}
-    if engines.get("E1") and engines.get("E2"):
-        c = compare_sides(engines["E1"], engines["E2"])
-        comps["E2_vs_E1"] = {k: v for k, v in c.items() if k != "phases"}
+    comps: dict[str, Any] = {**rules.vs_reference(engines, "E0", ("E1", "E2"), compare_sides),
+                             **rules.vs_reference(engines, "E1", ("E2",), compare_sides)}
     s["comparisons"] = comps
     cases: dict[str, Any] = {}
     for n in ENGINES:
@@ -242,28 +247,15 @@ def _plugin_report(worker: Any) -> dict[str, Any]:
 
 
 def engine_main(a: argparse.Namespace) -> int:
-    import copy
-
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, str(AB))
     from ab_side import run_phase
-    from spec_engine import engine_facts, read_counters, wait_for
+    from spec_engine import engine_facts, greedy, read_counters, run_engine, run_stages
 
     res: dict[str, Any] = {"name": a.name, "error": None, "phases": {}, "records": {},
                            "phase_errors": {}, "phase_seconds": {}}
 
-    def flush() -> None:
-        atomic_write(a.out, res)
-
-    t0 = time.time()
-    try:
-        from vllm import LLM, SamplingParams
-
-        kw = json.loads(a.kwargs.read_text())
-        res["engine_kwargs"] = kw
-        flush()
-        llm = LLM(**copy.deepcopy(kw))  # vLLM writes objects into the dicts it gets
-        res["startup_s"] = round(time.time() - t0, 1)
+    def body(llm: Any, flush: Callable[[], None]) -> None:
         res["engine"] = engine_facts(llm)
         res["plugin_imported"] = "vllm_patch.plugin" in sys.modules
 
@@ -278,41 +270,21 @@ def engine_main(a: argparse.Namespace) -> int:
         except Exception as exc:
             res["plugin_report"] = {"error": f"{type(exc).__name__}: {exc}"}
         flush()
-        for stage in (1, 2):
-            plan = wait_for(a.plan_dir / f"stage{stage}.json", a.deadline)
-            if plan is None:
-                res[f"stage{stage}_error"] = "no plan before the deadline"
-                flush()
-                break
-            for phase, subs in plan["phases"].items():
-                if time.time() > a.deadline:
-                    res["phase_errors"][phase] = "skipped: deadline"
-                    continue
-                t = time.time()
-                try:
-                    rows: list[dict[str, Any]] = []
-                    before, a_before = read_counters(llm), assist()
-                    for sub in subs:
-                        sps = [SamplingParams(temperature=0.0, max_tokens=r["max_tokens"],
-                                              ignore_eos=True, logprobs=2, detokenize=False)
-                               for r in sub]
-                        rows += run_phase(llm, sps, [r["prompt"] for r in sub])
-                    res["phases"][phase] = rows
-                    res["records"][phase] = {"before": before, "after": read_counters(llm),
-                                             "assist_before": a_before,
-                                             "assist_after": assist()}
-                except Exception as exc:
-                    res["phase_errors"][phase] = f"{type(exc).__name__}: {exc}"
-                    res.setdefault("tracebacks", {})[phase] = traceback.format_exc()[-3000:]
-                res["phase_seconds"][phase] = round(time.time() - t, 2)
-                flush()
+
+        def one_phase(phase: str, subs: list[list[dict[str, Any]]]) -> None:
+            rows: list[dict[str, Any]] = []
+            before, a_before = read_counters(llm), assist()
+            for sub in subs:
+                rows += run_phase(llm, [greedy(r["max_tokens"]) for r in sub],
+                                  [r["prompt"] for r in sub])
+            res["phases"][phase] = rows
+            res["records"][phase] = {"before": before, "after": read_counters(llm),
+                                     "assist_before": a_before, "assist_after": assist()}
+
+        run_stages(a.plan_dir, a.deadline, res, flush, one_phase)
         res["assist_final"] = assist()
-    except Exception as exc:  # a refused combination is a finding: its exact message
-        res["error"] = f"{type(exc).__name__}: {exc}"
-        res["traceback"] = traceback.format_exc()[-6000:]
-    res["total_s"] = round(time.time() - t0, 1)
-    flush()
-    return 0 if res["error"] is None else 1
+
+    return run_engine(res, a.kwargs, a.out, body)
 
 
 # --- the driver ----------------------------------------------------------------------------
@@ -326,21 +298,14 @@ def driver_main(a: argparse.Namespace) -> int:
     out: Path = a.out
     out.mkdir(parents=True, exist_ok=True)
     work: Path = a.work
-    plan_dir = work / "plans"
-    plan_dir.mkdir(parents=True, exist_ok=True)
-    for f in plan_dir.glob("*.json"):
-        f.unlink()
-    summary: dict[str, Any] = {"passed": None, "budget_s": a.budget_s, "started": time.strftime(
-        "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases_built": __doc__.split(
-            "How the cases are built")[1].split("summary.json:")[0].strip()}
+    plan_dir = fresh_plan_dir(work)
+    summary: dict[str, Any] = {"passed": None, "budget_s": a.budget_s, "started": utc_stamp(),
+                               "cases_built": __doc__.split("How the cases are built")[1].split(
+                                   "summary.json:")[0].strip()}
 
-    def flush() -> None:
-        summary["elapsed_s"] = round(time.time() - t0, 1)
-        atomic_write(out / "summary.json", summary)
+    flush = summary_writer(out / "summary.json", summary, t0)
 
-    tiny = Path(os.environ.get("SM70_AB_TINY", "/tmp/ab/tiny"))
-    share = float(os.environ.get("SM70_GPU_SHARE", "0.08"))
-    util = round(share / len(ENGINES), 3)
+    tiny, share, util = engine_share(len(ENGINES), "0.08")
     try:
         configs = engine_configs(str(tiny / "int8"), util, KV_BYTES)
     except ValueError as exc:
@@ -352,76 +317,47 @@ def driver_main(a: argparse.Namespace) -> int:
     summary.update(model=str(tiny / "int8"), gpu_share=share, util_per_engine=util,
                    engine_kwargs=configs, plugin_configs=plugin_configs())
     flush()
-    procs: dict[str, subprocess.Popen] = {}
-    files = {n: work / f"{n}.json" for n in ENGINES}
-    for name, kw in configs.items():
-        files[name].unlink(missing_ok=True)
-        kw_path = work / f"{name}_kwargs.json"
-        kw_path.write_text(json.dumps(kw))
-        env = side_env("ours", {"VLLM_CACHE_ROOT": f"/tmp/vc_assist_{name}",
-                                "SM70_PLUGIN_CONFIG": json.dumps(plugin_configs()[name])})
-        procs[name] = start(
-            [sys.executable, str(Path(__file__).resolve()), "engine", "--name", name,
-             "--kwargs", str(kw_path), "--out", str(files[name]), "--plan-dir", str(plan_dir),
-             "--deadline", str(deadline)], env, work / f"{name}.log")
+    procs, files = launch(
+        configs, work,
+        lambda name, kw_path, result: [
+            sys.executable, str(Path(__file__).resolve()), "engine", "--name", name,
+            "--kwargs", str(kw_path), "--out", str(result), "--plan-dir", str(plan_dir),
+            "--deadline", str(deadline)],
+        lambda name: side_env("ours", {
+            "VLLM_CACHE_ROOT": f"/tmp/vc_assist_{name}",
+            "SM70_PLUGIN_CONFIG": json.dumps(plugin_configs()[name])}),
+        start)
     log(f"started {list(procs)} at util {util} each")
     engines: dict[str, dict[str, Any]] = {}
     stage2: dict[str, Any] | None = None
 
-    def snapshot() -> None:
-        for n in ENGINES:
-            got = read_json(files[n])
-            if got is not None:
-                engines[n] = got
-        atomic_write(out / "engines.json", engines)
-        with open(out / "logs.txt", "w") as fh:
-            for n in ENGINES:
-                p = work / f"{n}.log"
-                text = p.read_text(errors="replace") if p.exists() else ""
-                fh.write(f"===== {n}.log ({len(text)} chars, last 15000)\n{text[-15000:]}\n")
-
-    while any(p.poll() is None for p in procs.values()) and time.time() < deadline:
-        time.sleep(3)
-        snapshot()
+    def tick() -> None:
+        nonlocal stage2
+        snapshot(out, work, files, engines)
         if stage2 is None:
-            # E0's seed output: the reference's own tokens; another's only once E0 is gone.
-            for n in ENGINES if procs["E0"].poll() is not None else ("E0",):
-                rows = ((engines.get(n) or {}).get("phases") or {}).get("seed")
-                if rows:
-                    seed_prompt = stage1["phases"]["seed"][0][0]["prompt"]
-                    try:
-                        stage2 = stage2_plan(seed_prompt, rows[0]["tokens"])
-                    except ValueError as exc:
-                        summary["stage2_error"] = str(exc)
-                        stage2 = {"stage": 2, "phases": {}}
-                    atomic_write(plan_dir / "stage2.json", stage2)
-                    summary["stage2_seed_source"] = n
-                    log(f"stage 2 written from {n}'s seed output")
-                    break
-        summary["progress"] = {n: {"error": (engines.get(n) or {}).get("error"),
-                                   "startup_s": (engines.get(n) or {}).get("startup_s"),
-                                   "phases_done": len((engines.get(n) or {}).get("phases")
-                                                      or {})}
-                               for n in ENGINES}
+            got = rules.seed_source(engines, rules.seed_order(
+                "E0", ENGINES, procs["E0"].poll() is None))
+            if got is not None:
+                n, tokens = got
+                seed_prompt = stage1["phases"]["seed"][0][0]["prompt"]
+                try:
+                    stage2 = stage2_plan(seed_prompt, tokens)
+                except ValueError as exc:
+                    summary["stage2_error"] = str(exc)
+                    stage2 = {"stage": 2, "phases": {}}
+                atomic_write(plan_dir / "stage2.json", stage2)
+                summary["stage2_seed_source"] = n
+                log(f"stage 2 written from {n}'s seed output")
+        summary["progress"] = rules.progress(engines, ENGINES)
         flush()
-    for name, p in procs.items():
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-            log(f"{name}: killed at the budget")
-        log(f"{name}: rc={p.returncode}")
-    snapshot()
+
+    watch(procs, deadline, tick)
+    stop(procs)
+    snapshot(out, work, files, engines)
     prompts = {} if stage2 is None else {ph: subs[0][0]["prompt"]
                                          for ph, subs in stage2["phases"].items()
                                          if ph.startswith("accept_")}
-    try:
-        summary.update(judge(engines, prompts))
-    except Exception as exc:  # engines.json holds every row; the verdict can be redone
-        summary["judge_error"] = f"{type(exc).__name__}: {exc}"
-        summary["judge_traceback"] = traceback.format_exc()[-3000:]
-    flush()
-    log(f"passed={summary['passed']}")
-    return 0 if summary["passed"] else 1
+    return finish(summary, flush, lambda: judge(engines, prompts))
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -26,13 +26,10 @@ beside engines.json (every row) and logs.txt.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
-import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,7 +38,18 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(HERE.parents[0] / "ab"))
 sys.path.insert(0, str(HERE))
-from device_io import atomic_write, log, read_json  # noqa: E402
+import spec_rules as rules  # noqa: E402
+from device_io import (  # noqa: E402
+    engine_share,
+    finish,
+    launch,
+    log,
+    snapshot,
+    stop,
+    summary_writer,
+    utc_stamp,
+    watch,
+)
 
 ENGINES = ("spec", "plain", "spec_graphs")
 K = 3
@@ -250,29 +258,26 @@ def _counters(read: Callable[[Any], dict[str, Any]], llm: Any,
 
 
 def engine_main(name: str, kwargs_path: Path, out: Path, deadline: float) -> int:
+    from spec_engine import run_engine, run_phases
+
     res: dict[str, Any] = {"name": name, "error": None, "phases": {}, "phase_errors": {},
                            "phase_seconds": {}}
+    conversions: list[dict[str, Any]] = []
+    draft_int8: Any = None
 
-    def flush() -> None:
-        atomic_write(out, res)
-
-    t0 = time.time()
-    try:
-        from ab_side import NEW_TOKENS, run_phase
-        from spec_engine import read_counters
-        from vllm import LLM, SamplingParams
-
+    def prepare() -> None:
+        nonlocal draft_int8
         # draft_int8 imports no vLLM: wrapped before the engine loads the drafter
-        from vllm_patch.quantization import draft_int8
+        from vllm_patch.quantization import draft_int8 as module
 
-        conversions: list[dict[str, Any]] = []
+        draft_int8 = module
         res["conversions"] = conversions
         _record_conversions(draft_int8, conversions)
-        kw = json.loads(kwargs_path.read_text())
-        res["engine_kwargs"] = kw
-        flush()
-        llm = LLM(**copy.deepcopy(kw))  # vLLM writes objects into the dicts it gets
-        res["startup_s"] = round(time.time() - t0, 1)
+
+    def body(llm: Any, flush: Callable[[], None]) -> None:
+        from ab_side import NEW_TOKENS, run_phase
+        from spec_engine import greedy, read_counters
+
         cfg = llm.llm_engine.vllm_config
         spec = getattr(cfg, "speculative_config", None)
         res["speculative"] = None if spec is None else {
@@ -298,27 +303,19 @@ def engine_main(name: str, kwargs_path: Path, out: Path, deadline: float) -> int
         _count_draft_ops(ptrs, op_counts)
         res["draft_op_calls"] = op_counts
         flush()
-        sp = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True,
-                            logprobs=2, detokenize=False)
+        sp = greedy(NEW_TOKENS)
         counters0 = _counters(read_counters, llm, res)
-        for phase, batches in plan_phases().items():
-            if time.time() > deadline:
-                res["phase_errors"][phase] = "skipped: deadline"
-                continue
-            t = time.time()
-            try:
-                rows: list[dict[str, Any]] = []
-                for batch in batches:
-                    rows += run_phase(llm, sp, batch)
-                    res["phases"][phase] = rows
-                    res["draft_op_calls"] = dict(op_counts)
-                    res["draft_int8_calls"] = dict(draft_int8.CALLS)
-                    flush()
-            except Exception as exc:
-                res["phase_errors"][phase] = f"{type(exc).__name__}: {exc}"
-                res.setdefault("tracebacks", {})[phase] = traceback.format_exc()[-3000:]
-            res["phase_seconds"][phase] = round(time.time() - t, 2)
-            flush()
+
+        def one_phase(phase: str, batches: list[list[list[int]]]) -> None:
+            rows: list[dict[str, Any]] = []
+            for batch in batches:
+                rows += run_phase(llm, sp, batch)
+                res["phases"][phase] = rows
+                res["draft_op_calls"] = dict(op_counts)
+                res["draft_int8_calls"] = dict(draft_int8.CALLS)
+                flush()
+
+        run_phases(plan_phases(), deadline, res, flush, one_phase)
         counters1 = _counters(read_counters, llm, res)
         res["spec_counters"] = {k: v for k, v in counters1.items()
                                 if "spec_decode" in k and v != counters0.get(k)}
@@ -328,12 +325,8 @@ def engine_main(name: str, kwargs_path: Path, out: Path, deadline: float) -> int
             res["sm70_op_calls"] = dict(sm70_gptq.CALLS)
         res["draft_int8_calls"] = dict(draft_int8.CALLS)
         res["draft_op_calls"] = dict(op_counts)
-    except Exception as exc:  # the driver reports it; keep what ran
-        res["error"] = f"{type(exc).__name__}: {exc}"
-        res["traceback"] = traceback.format_exc()[-6000:]
-    res["total_s"] = round(time.time() - t0, 1)
-    flush()
-    return 0 if res["error"] is None else 1
+
+    return run_engine(res, kwargs_path, out, body, prepare)
 
 
 # ---------------------------------------------------------------------- driver
@@ -361,16 +354,11 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     work: Path = a.work
     work.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"passed": None, "started": time.strftime(
-        "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "budget_s": a.budget_s}
+    summary: dict[str, Any] = {"passed": None, "started": utc_stamp(), "budget_s": a.budget_s}
 
-    def flush() -> None:
-        summary["elapsed_s"] = round(time.time() - t0, 1)
-        atomic_write(out / "summary.json", summary)
+    flush = summary_writer(out / "summary.json", summary, t0)
 
-    tiny = Path(os.environ.get("SM70_AB_TINY", "/tmp/ab/tiny"))
-    share = float(os.environ.get("SM70_GPU_SHARE", "0.08"))
-    util = round(share / len(ENGINES), 3)
+    tiny, share, util = engine_share(len(ENGINES), "0.08")
     try:
         configs = engine_configs(str(tiny / "int8"), util)
     except ValueError as exc:
@@ -380,65 +368,33 @@ def main() -> int:
     summary.update(model=str(tiny / "int8"), gpu_share=share, util_per_engine=util,
                    engine_kwargs=configs)
     flush()
-    files = {n: work / f"{n}.json" for n in ENGINES}
-    procs: dict[str, subprocess.Popen] = {}
     plugin_config = json.dumps({"spec": {"draft_head_dtype": "int8"}})
-    for name, kw in configs.items():
-        files[name].unlink(missing_ok=True)
-        kw_path = work / f"{name}_kwargs.json"
-        kw_path.write_text(json.dumps(kw))
-        env = side_env("ours", {"VLLM_CACHE_ROOT": f"/tmp/vc_draft_{name}",
-                                "SM70_PLUGIN_CONFIG": plugin_config})
-        procs[name] = start(
-            [sys.executable, str(Path(__file__).resolve()), "--engine", name, "--kwargs",
-             str(kw_path), "--result", str(files[name]), "--deadline", str(deadline)],
-            env, work / f"{name}.log")
+    procs, files = launch(
+        configs, work,
+        lambda name, kw_path, result: [
+            sys.executable, str(Path(__file__).resolve()), "--engine", name, "--kwargs",
+            str(kw_path), "--result", str(result), "--deadline", str(deadline)],
+        lambda name: side_env("ours", {"VLLM_CACHE_ROOT": f"/tmp/vc_draft_{name}",
+                                       "SM70_PLUGIN_CONFIG": plugin_config}),
+        start)
     log(f"started {list(procs)} at util {util} each")
 
     engines: dict[str, dict[str, Any]] = {}
 
-    def snapshot() -> None:
-        for n in ENGINES:
-            got = read_json(files[n])
-            if got is not None:
-                engines[n] = got
-        atomic_write(out / "engines.json", engines)
-        with open(out / "logs.txt", "w") as fh:
-            for n in ENGINES:
-                p = work / f"{n}.log"
-                text = p.read_text(errors="replace") if p.exists() else ""
-                fh.write(f"===== {n}.log ({len(text)} chars, last 15000)\n{text[-15000:]}\n")
-
-    while any(p.poll() is None for p in procs.values()) and time.time() < deadline:
-        time.sleep(3)
-        snapshot()
-        summary["progress"] = {n: {"error": (engines.get(n) or {}).get("error"),
-                                   "startup_s": (engines.get(n) or {}).get("startup_s"),
-                                   "phases_done": len((engines.get(n) or {}).get("phases")
-                                                      or {})}
-                               for n in ENGINES}
+    def tick() -> None:
+        snapshot(out, work, files, engines)
+        summary["progress"] = rules.progress(engines, ENGINES)
         flush()
-    for name, p in procs.items():
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-            log(f"{name}: killed at the budget")
-        summary.setdefault("rc", {})[name] = p.returncode
-        log(f"{name}: rc={p.returncode}")
-    snapshot()
+
+    watch(procs, deadline, tick)
+    summary["rc"] = stop(procs)
+    snapshot(out, work, files, engines)
     for n in ENGINES:
         e = engines.get(n) or {}
         if e.get("error") or e.get("phase_errors"):
             summary.setdefault("engine_errors", {})[n] = {
                 "error": e.get("error"), "phase_errors": e.get("phase_errors")}
-    try:
-        summary.update(judge(engines))
-    except Exception as exc:  # engines.json holds every row; the verdict can be redone
-        summary["judge_error"] = f"{type(exc).__name__}: {exc}"
-        summary["judge_traceback"] = traceback.format_exc()[-3000:]
-    flush()
-    log(f"passed={summary['passed']}")
-    return 0 if summary["passed"] else 1
+    return finish(summary, flush, lambda: judge(engines))
 
 
 if __name__ == "__main__":

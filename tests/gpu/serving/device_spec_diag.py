@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,8 +33,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[0] / "ab"))
 sys.path.insert(0, str(HERE))
 import spec_cases as sc  # noqa: E402
+import spec_rules as rules  # noqa: E402
 from compare import compare_sides  # noqa: E402
-from device_io import atomic_write, read_json  # noqa: E402
+from device_io import (  # noqa: E402
+    atomic_write,
+    engine_share,
+    fresh_plan_dir,
+    launch,
+    read_engines,
+    stop,
+    summary_writer,
+    watch,
+    write_logs,
+)
 from run_ab import side_env, start  # noqa: E402
 
 KV_BYTES = 1 << 30
@@ -127,77 +136,55 @@ def main() -> int:
     deadline = t0 + a.budget_s - MARGIN_S
     out, work = a.out, a.work
     out.mkdir(parents=True, exist_ok=True)
-    plan_dir = work / "plans"
-    plan_dir.mkdir(parents=True, exist_ok=True)
-    for f in plan_dir.glob("*.json"):
-        f.unlink()
-    tiny = Path(os.environ.get("SM70_AB_TINY", "/tmp/ab/tiny"))
-    share = float(os.environ.get("SM70_GPU_SHARE", "0.3"))
+    plan_dir = fresh_plan_dir(work)
     only = set(MATRIX) if a.only == "all" else {s for s in a.only.split(",") if s}
     unknown = sorted(only - set(MATRIX))
     if unknown or not only:
         ap.error(f"--only {a.only!r}: engines {unknown or 'none'} not in {sorted(MATRIX)}")
-    n = len(only)
-    configs = engine_kwargs(tiny, round(share / n, 3), only)
+    tiny, _share, util = engine_share(len(only), "0.3")
+    configs = engine_kwargs(tiny, util, only)
     summary: dict[str, Any] = {"passed": None, "matrix": {k: MATRIX[k] for k in configs},
                                "engine_kwargs": configs, "strict_margin": STRICT_MARGIN,
                                "strict_dlogprob": STRICT_DLOGPROB}
 
-    def flush() -> None:
-        summary["elapsed_s"] = round(time.time() - t0, 1)
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    flush = summary_writer(out / "summary.json", summary, t0)
 
-    files = {k: work / f"{k}.json" for k in configs}
-    procs: dict[str, subprocess.Popen] = {}
-    for name, kw in configs.items():
-        files[name].unlink(missing_ok=True)
-        kp = work / f"{name}_kwargs.json"
-        kp.write_text(json.dumps(kw))
-        procs[name] = start(
-            [sys.executable, str(HERE / "spec_engine.py"), "--name", name, "--kwargs", str(kp),
-             "--out", str(files[name]), "--plan-dir", str(plan_dir), "--deadline",
-             str(deadline)],
-            side_env(MATRIX[name][0], engine_env(name)),
-            work / f"{name}.log")
+    procs, files = launch(
+        configs, work,
+        lambda name, kw_path, result: [
+            sys.executable, str(HERE / "spec_engine.py"), "--name", name, "--kwargs",
+            str(kw_path), "--out", str(result), "--plan-dir", str(plan_dir), "--deadline",
+            str(deadline)],
+        lambda name: side_env(MATRIX[name][0], engine_env(name)),
+        start)
     engines: dict[str, dict[str, Any]] = {}
-    stage1 = stage2 = None
-    while any(p.poll() is None for p in procs.values()) and time.time() < deadline:
-        time.sleep(3)
-        for k in configs:
-            got = read_json(files[k])
-            if got is not None:
-                engines[k] = got
+    stage1: dict[str, Any] | None = None
+    stage2: dict[str, Any] | None = None
+
+    def tick() -> None:
+        nonlocal stage1, stage2
+        read_engines(files, engines)
         if stage1 is None:
-            block = next((e["engine"]["block_size"] for e in engines.values()
-                          if e.get("engine")), None)
-            if block:
-                stage1 = sc.stage1_plan(int(block))
+            got = rules.first_block_size(engines, list(engines))
+            if got:
+                stage1 = sc.stage1_plan(int(got[1]))
                 atomic_write(plan_dir / "stage1.json", stage1)
-                summary["block_size"] = block
+                summary["block_size"] = got[1]
         if stage1 is not None and stage2 is None:
-            src = next((k for k in ("O0", "S0", *configs) if k in engines
-                        and (engines[k].get("phases") or {}).get("seed")), None)
-            if src:
-                rows = engines[src]["phases"]["seed"]
-                stage2 = sc.stage2_plan(stage1["phases"]["seed"][0][0]["prompt"],
-                                        rows[0]["tokens"], src)
+            seed = rules.seed_source(engines, ("O0", "S0", *configs))
+            if seed:
+                src, tokens = seed
+                stage2 = sc.stage2_plan(stage1["phases"]["seed"][0][0]["prompt"], tokens, src)
                 atomic_write(plan_dir / "stage2.json", stage2)
                 summary["stage2_seed_source"] = src
-        summary["progress"] = {k: {"error": e.get("error"), "startup_s": e.get("startup_s"),
-                                   "phases": len(e.get("phases") or {})}
-                               for k, e in engines.items()}
+        summary["progress"] = rules.progress(engines, engines, count_key="phases")
         summary["verdicts"] = judge(engines)
         flush()
-    for p in procs.values():
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+
+    watch(procs, deadline, tick)
+    stop(procs, say=False)
     (out / "engines.json").write_text(json.dumps(engines))
-    with open(out / "logs.txt", "w") as fh:
-        for k in configs:
-            p = work / f"{k}.log"
-            text = p.read_text(errors="replace") if p.exists() else ""
-            fh.write(f"===== {k}.log\n{text[-12000:]}\n")
+    write_logs(out / "logs.txt", work, configs, tail=12000)
     summary["verdicts"] = judge(engines)
     summary["errors"] = {k: e.get("error") for k, e in engines.items() if e.get("error")}
     summary["settled"] = {k: e.get("settled") for k, e in engines.items()}

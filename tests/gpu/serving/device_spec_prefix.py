@@ -23,12 +23,8 @@ simulation of the n-gram rule on E0's tokens). Everything lands in $OUT_DIR/summ
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +34,21 @@ sys.path.insert(0, str(HERE.parents[0] / "ab"))
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))  # this driver runs no vLLM: our n-gram rule is read from here
 import spec_cases as sc  # noqa: E402
+import spec_rules as rules  # noqa: E402
 from compare import compare_sides  # noqa: E402
-from device_io import atomic_write, log, read_json  # noqa: E402
+from device_io import (  # noqa: E402
+    atomic_write,
+    engine_share,
+    finish,
+    fresh_plan_dir,
+    launch,
+    log,
+    snapshot,
+    stop,
+    summary_writer,
+    utc_stamp,
+    watch,
+)
 from run_ab import side_env, start  # noqa: E402
 
 from vllm_patch.spec_decode import ngram  # noqa: E402
@@ -109,17 +118,8 @@ def judge(engines: dict[str, dict[str, Any]], block: int,
     # A start-up error is vLLM refusing the combination (or failing on it): the finding.
     summary["refused"] = {n: e["error"] for n, e in engines.items()
                           if e.get("error") and not e.get("engine")}
-    ref = engines.get("E0")
-    comps: dict[str, Any] = {}
-    for n in ("E1", "E2"):
-        if ref and engines.get(n):
-            c = compare_sides(ref, engines[n])
-            comps[f"{n}_vs_E0"] = {k: v for k, v in c.items() if k != "phases"}
-            comps[f"{n}_vs_E0"]["per_phase"] = {
-                ph: {"equal": sum(r["equal"] for r in rs), "requests": len(rs),
-                     "max_abs_dlogprob": max((r["max_abs_dlogprob"] for r in rs),
-                                             default=None)}
-                for ph, rs in c["phases"].items()}
+    comps = rules.vs_reference(engines, "E0", ("E1", "E2"), compare_sides,
+                               with_per_phase=True)
     summary["comparisons"] = comps
     summary["truncation"] = {}
     summary["prefix_cache"] = {}
@@ -173,20 +173,12 @@ def main() -> int:
     out: Path = a.out
     out.mkdir(parents=True, exist_ok=True)
     work: Path = a.work
-    plan_dir = work / "plans"
-    plan_dir.mkdir(parents=True, exist_ok=True)
-    for f in plan_dir.glob("*.json"):
-        f.unlink()
-    summary: dict[str, Any] = {"passed": None, "started": time.strftime(
-        "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "budget_s": a.budget_s}
+    plan_dir = fresh_plan_dir(work)
+    summary: dict[str, Any] = {"passed": None, "started": utc_stamp(), "budget_s": a.budget_s}
 
-    def flush() -> None:
-        summary["elapsed_s"] = round(time.time() - t0, 1)
-        atomic_write(out / "summary.json", summary)
+    flush = summary_writer(out / "summary.json", summary, t0)
 
-    tiny = Path(os.environ.get("SM70_AB_TINY", "/tmp/ab/tiny"))
-    share = float(os.environ.get("SM70_GPU_SHARE", "0.3"))
-    util = round(share / len(sc.ENGINES), 3)
+    tiny, share, util = engine_share(len(sc.ENGINES), "0.3")
     try:
         configs = sc.engine_configs(str(tiny / "int8"), util, KV_BYTES)
     except sc.CaseError as exc:
@@ -196,48 +188,30 @@ def main() -> int:
     summary.update(model=str(tiny / "int8"), gpu_share=share, util_per_engine=util,
                    engine_kwargs=configs)
     flush()
-    procs: dict[str, subprocess.Popen] = {}
-    files = {n: work / f"{n}.json" for n in sc.ENGINES}
-    for name, kw in configs.items():
-        files[name].unlink(missing_ok=True)
-        kw_path = work / f"{name}_kwargs.json"
-        kw_path.write_text(json.dumps(kw))
-        procs[name] = start(
-            [sys.executable, str(HERE / "spec_engine.py"), "--name", name, "--kwargs",
-             str(kw_path), "--out", str(files[name]), "--plan-dir", str(plan_dir),
-             "--deadline", str(deadline)],
-            side_env("ours", {"VLLM_CACHE_ROOT": f"/tmp/vc_spec_{name}"}),
-            work / f"{name}.log")
+    procs, files = launch(
+        configs, work,
+        lambda name, kw_path, result: [
+            sys.executable, str(HERE / "spec_engine.py"), "--name", name, "--kwargs",
+            str(kw_path), "--out", str(result), "--plan-dir", str(plan_dir),
+            "--deadline", str(deadline)],
+        lambda name: side_env("ours", {"VLLM_CACHE_ROOT": f"/tmp/vc_spec_{name}"}),
+        start)
     log(f"started {list(procs)} at util {util} each")
 
     stage1: dict[str, Any] | None = None
     stage2: dict[str, Any] | None = None
     engines: dict[str, dict[str, Any]] = {}
 
-    def snapshot() -> None:
-        for n in sc.ENGINES:
-            got = read_json(files[n])
-            if got is not None:
-                engines[n] = got
-        atomic_write(out / "engines.json", engines)
-        with open(out / "logs.txt", "w") as fh:
-            for n in sc.ENGINES:
-                p = work / f"{n}.log"
-                text = p.read_text(errors="replace") if p.exists() else ""
-                fh.write(f"===== {n}.log ({len(text)} chars, last 15000)\n{text[-15000:]}\n")
-
-    while any(p.poll() is None for p in procs.values()) and time.time() < deadline:
-        time.sleep(3)
-        snapshot()
+    def tick() -> None:
+        nonlocal stage1, stage2
+        snapshot(out, work, files, engines)
         if stage1 is None:
+            # E1 first: the MTP + align engine is the one under test
+            got = rules.first_block_size(engines, ("E1", "E2"))
             block = None
-            for n in ("E1", "E2"):  # E1 first: the MTP + align engine is the one under test
-                eng = (engines.get(n) or {}).get("engine")
-                if eng:
-                    block = eng["block_size"]
-                    summary["block_size_source"] = n
-                    break
-            if block is None and all(procs[n].poll() is not None for n in ("E1", "E2")):
+            if got is not None:
+                summary["block_size_source"], block = got
+            elif all(procs[n].poll() is not None for n in ("E1", "E2")):
                 block = 16 * 34  # neither started: E0 still runs a plan of its own size
                 summary["block_size_source"] = "none (E1 and E2 failed to start)"
             if block is not None:
@@ -248,41 +222,27 @@ def main() -> int:
                 log(f"stage 1 written for block size {block}")
                 flush()
         if stage1 is not None and stage2 is None:
-            # E0's seed output: the reference's own tokens; another's only once E0 is gone.
-            for n in sc.ENGINES if procs["E0"].poll() is not None else ("E0",):
-                rows = ((engines.get(n) or {}).get("phases") or {}).get("seed")
-                if rows:
-                    seed_prompt = stage1["phases"]["seed"][0][0]["prompt"]
-                    stage2 = sc.stage2_plan(seed_prompt, rows[0]["tokens"], n)
-                    atomic_write(plan_dir / "stage2.json", stage2)
-                    summary["stage2_seed_source"] = n
-                    log(f"stage 2 written from {n}'s seed output")
-                    flush()
-                    break
-        summary["progress"] = {n: {"error": (engines.get(n) or {}).get("error"),
-                                   "startup_s": (engines.get(n) or {}).get("startup_s"),
-                                   "phases_done": len((engines.get(n) or {}).get("phases")
-                                                      or {})}
-                               for n in sc.ENGINES}
+            seed = rules.seed_source(engines, rules.seed_order(
+                "E0", sc.ENGINES, procs["E0"].poll() is None))
+            if seed is not None:
+                n, tokens = seed
+                seed_prompt = stage1["phases"]["seed"][0][0]["prompt"]
+                stage2 = sc.stage2_plan(seed_prompt, tokens, n)
+                atomic_write(plan_dir / "stage2.json", stage2)
+                summary["stage2_seed_source"] = n
+                log(f"stage 2 written from {n}'s seed output")
+                flush()
+        summary["progress"] = rules.progress(engines, sc.ENGINES)
         flush()
-    for name, p in procs.items():
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-            log(f"{name}: killed at the budget")
-        log(f"{name}: rc={p.returncode}")
-    snapshot()
+
+    watch(procs, deadline, tick)
+    stop(procs)
+    snapshot(out, work, files, engines)
 
     prompts = {} if stage2 is None else {ph: subs[0][0]["prompt"]
                                          for ph, subs in stage2["phases"].items()}
-    try:
-        summary.update(judge(engines, int(summary.get("block_size") or 0), prompts))
-    except Exception as exc:  # engines.json holds every row; the verdict can be redone
-        summary["judge_error"] = f"{type(exc).__name__}: {exc}"
-        summary["judge_traceback"] = traceback.format_exc()[-3000:]
-    flush()
-    log(f"passed={summary['passed']}")
-    return 0 if summary["passed"] else 1
+    return finish(summary, flush,
+                  lambda: judge(engines, int(summary.get("block_size") or 0), prompts))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ one phase is recorded and the next phase still runs.
 
 Rows have ab_side's format (tokens, chosen log-probs, top-2), so compare.compare_sides
 judges them, plus max_tokens, the shared-prefix length and vLLM's num_cached_tokens.
+
+The frame of such an engine process (run_engine: build, record, catch; run_stages /
+run_phases: the plans, one phase's error kept to itself; greedy: the sampling) is also
+what device_assist.py's and device_draft_int8.py's own engines run on.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[0] / "ab"))
 sys.path.insert(0, str(HERE))
 from ab_side import run_phase, summarize_model  # noqa: E402
+from device_io import atomic_write  # noqa: E402
 
 
 class _KeepOutputs:
@@ -109,6 +115,77 @@ def wait_for(path: Path, deadline: float) -> dict[str, Any] | None:
     return None
 
 
+def run_engine(res: dict[str, Any], kwargs_path: Path, out: Path,
+               body: Callable[[Any, Callable[[], None]], None],
+               prepare: Callable[[], None] | None = None) -> int:
+    """One engine process's frame: `prepare()` (before vLLM builds anything), the LLM from
+    the keyword arguments in `kwargs_path`, then `body(llm, flush)`. `res` is written to
+    `out` as it goes (flush); an exception anywhere is the result's `error` and
+    `traceback` (a refused combination is a finding: its exact message), and the process's
+    exit code is 1."""
+
+    def flush() -> None:
+        atomic_write(out, res)
+
+    t0 = time.time()
+    try:
+        if prepare is not None:
+            prepare()
+        from vllm import LLM
+
+        kw = json.loads(kwargs_path.read_text())
+        res["engine_kwargs"] = kw
+        flush()
+        llm = LLM(**copy.deepcopy(kw))  # vLLM writes objects into the dicts it gets
+        res["startup_s"] = round(time.time() - t0, 1)
+        body(llm, flush)
+    except Exception as exc:
+        res["error"] = f"{type(exc).__name__}: {exc}"
+        res["traceback"] = traceback.format_exc()[-6000:]
+    res["total_s"] = round(time.time() - t0, 1)
+    flush()
+    return 0 if res["error"] is None else 1
+
+
+def run_phases(phases: Mapping[str, Any], deadline: float, res: dict[str, Any],
+               flush: Callable[[], None], one_phase: Callable[[str, Any], None]) -> None:
+    """`one_phase(name, submissions)` for each phase before the deadline (the rest are
+    recorded as skipped); an error is that phase's and the next one still runs."""
+    for phase, subs in phases.items():
+        if time.time() > deadline:
+            res["phase_errors"][phase] = "skipped: deadline"
+            continue
+        t = time.time()
+        try:
+            one_phase(phase, subs)
+        except Exception as exc:
+            res["phase_errors"][phase] = f"{type(exc).__name__}: {exc}"
+            res.setdefault("tracebacks", {})[phase] = traceback.format_exc()[-3000:]
+        res["phase_seconds"][phase] = round(time.time() - t, 2)
+        flush()
+
+
+def run_stages(plan_dir: Path, deadline: float, res: dict[str, Any],
+               flush: Callable[[], None], one_phase: Callable[[str, Any], None]) -> None:
+    """The driver's stage plans in order (stage1.json, then stage2.json, each waited for
+    until the deadline), every phase through run_phases."""
+    for stage in (1, 2):
+        plan = wait_for(plan_dir / f"stage{stage}.json", deadline)
+        if plan is None:
+            res[f"stage{stage}_error"] = "no plan before the deadline"
+            flush()
+            break
+        run_phases(plan["phases"], deadline, res, flush, one_phase)
+
+
+def greedy(max_tokens: int) -> Any:
+    """The sampling of every comparison: greedy, the full length, the top-2 log-probs."""
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                          logprobs=2, detokenize=False)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
@@ -120,20 +197,7 @@ def main() -> int:
     res: dict[str, Any] = {"name": a.name, "error": None, "phases": {}, "counters": {},
                            "phase_errors": {}, "phase_seconds": {}}
 
-    def flush() -> None:
-        tmp = a.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(res))
-        tmp.replace(a.out)
-
-    t0 = time.time()
-    try:
-        from vllm import LLM, SamplingParams
-
-        kw = json.loads(a.kwargs.read_text())
-        res["engine_kwargs"] = kw
-        flush()
-        llm = LLM(**copy.deepcopy(kw))  # vLLM writes objects into the dicts it gets
-        res["startup_s"] = round(time.time() - t0, 1)
+    def body(llm: Any, flush: Callable[[], None]) -> None:
         res["engine"] = engine_facts(llm)
         flush()
         try:
@@ -143,42 +207,26 @@ def main() -> int:
             res["summary_error"] = f"{type(exc).__name__}: {exc}"
         res["plugin_imported"] = "vllm_patch.plugin" in sys.modules
         flush()
-        for stage in (1, 2):
-            plan = wait_for(a.plan_dir / f"stage{stage}.json", a.deadline)
-            if plan is None:
-                res[f"stage{stage}_error"] = "no plan before the deadline"
+
+        def one_phase(phase: str, subs: list[list[dict[str, Any]]]) -> None:
+            rows: list[dict[str, Any]] = []
+            deltas: list[dict[str, Any]] = []
+            for sub in subs:
+                sps = [greedy(r["max_tokens"]) for r in sub]
+                before = read_counters(llm)
+                keep = _KeepOutputs(llm)
+                got = run_phase(keep, sps, [r["prompt"] for r in sub])
+                after = read_counters(llm)
+                for r, row, o in zip(sub, got, keep.outputs, strict=True):
+                    row.update(max_tokens=r["max_tokens"], shared=r["shared"],
+                               num_cached_tokens=getattr(o, "num_cached_tokens", None))
+                rows += got
+                deltas.append({"before": before, "after": after})
+                res["phases"][phase] = rows
+                res["counters"][phase] = deltas
                 flush()
-                break
-            for phase, subs in plan["phases"].items():
-                if time.time() > a.deadline:
-                    res["phase_errors"][phase] = "skipped: deadline"
-                    continue
-                t = time.time()
-                rows: list[dict[str, Any]] = []
-                deltas: list[dict[str, Any]] = []
-                try:
-                    for sub in subs:
-                        sps = [SamplingParams(temperature=0.0, max_tokens=r["max_tokens"],
-                                              ignore_eos=True, logprobs=2, detokenize=False)
-                               for r in sub]
-                        before = read_counters(llm)
-                        keep = _KeepOutputs(llm)
-                        got = run_phase(keep, sps, [r["prompt"] for r in sub])
-                        after = read_counters(llm)
-                        for r, row, o in zip(sub, got, keep.outputs, strict=True):
-                            row.update(max_tokens=r["max_tokens"], shared=r["shared"],
-                                       num_cached_tokens=getattr(o, "num_cached_tokens",
-                                                                 None))
-                        rows += got
-                        deltas.append({"before": before, "after": after})
-                        res["phases"][phase] = rows
-                        res["counters"][phase] = deltas
-                        flush()
-                except Exception as exc:
-                    res["phase_errors"][phase] = f"{type(exc).__name__}: {exc}"
-                    res.setdefault("tracebacks", {})[phase] = traceback.format_exc()[-3000:]
-                res["phase_seconds"][phase] = round(time.time() - t, 2)
-                flush()
+
+        run_stages(a.plan_dir, a.deadline, res, flush, one_phase)
         if "vllm_patch.quantization.sm70_gptq" in sys.modules:
             from vllm_patch.quantization.sm70_gptq import CALLS
 
@@ -188,12 +236,8 @@ def main() -> int:
                 res["settled"] = llm.collective_rpc(_settled)[0]
             except Exception as exc:
                 res["settled"] = f"{type(exc).__name__}: {exc}"
-    except Exception as exc:  # a refused combination is a finding: its exact message
-        res["error"] = f"{type(exc).__name__}: {exc}"
-        res["traceback"] = traceback.format_exc()[-6000:]
-    res["total_s"] = round(time.time() - t0, 1)
-    flush()
-    return 0 if res["error"] is None else 1
+
+    return run_engine(res, a.kwargs, a.out, body)
 
 
 if __name__ == "__main__":
