@@ -156,3 +156,20 @@ def test_the_plugin_config_is_what_sm70_chunk_gives() -> None:
                                             "SM70_GDN_STATE_DTYPE": "float32"})).gdn
     got = json.loads(device.gdn_config("float32"))["gdn"]
     assert {k: getattr(want, k) for k in got} == got
+
+
+def test_the_side_prompts_fit_the_engine() -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "gpu" / "ab"))
+    side = load(ROOT / "tests" / "gpu" / "gdn" / "gdn_side.py")
+    plan = side.plan(side.PHASES.split(","))
+    lens = {ph: [len(p) for batch in plan[ph] for p in batch] for ph in plan}
+    assert lens["p100"] == [100] and lens["p4k"] == [4000] and lens["p32k"] == [32000]
+    longest = max(n for ns in lens.values() for n in ns)
+    assert longest + side.NEW_TOKENS <= side.MAX_LEN  # max_model_len >= 33K
+    # the three long prompts in 2048-token chunks: what MIN_PREFILL_STEPS counts per layer
+    chunks = sum(-(-lens[ph][0] // side.MAX_BATCHED) for ph in ("p100", "p4k", "p32k"))
+    want = device.GDN_LAYERS_TINY * chunks
+    assert want == device.MIN_PREFILL_STEPS
+    assert len(lens["batch16"]) == 16 and any(n > 1 for n in map(len, plan["prefix"]))
+    with pytest.raises(SystemExit, match="unknown phase"):
+        side.plan(["p64k"])
