@@ -7,7 +7,9 @@
 The block between BEGIN and END in the doc is replaced by one table of the latest run
 (bench/results/h200_decode_kernels.json) with the read-only ceiling of the same machine
 (bench/results/h200_read_ceiling.json), followed by the fits, the decode-step sums and the
-targets those runs give. Pure: reads two JSON files, writes text.
+targets those runs give; then a table for each other kernel bench's results file (TABLES)
+and an index of every file in bench/results. Every row names its run: machine, date and
+job (result_source.py). Pure: reads the JSON files, writes text.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import argparse
 import json
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import decode_cases as C
+from result_source import NOT_RECORDED, source
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DECODE_JSON = RESULTS / "h200_decode_kernels.json"
@@ -70,9 +74,11 @@ def _read_only_us(read_ceiling: dict) -> dict[str, float]:
 
 
 def table_rows(decode: dict, read_ceiling: dict) -> list[str]:
-    """One markdown row per measured case: GEMVs in the JSON's order, then attention."""
+    """One markdown row per measured case: GEMVs in the JSON's order, then attention; each
+    ends with its run (machine, date, job)."""
     device = decode["device"]
     read_only = _read_only_us(read_ceiling)
+    run = source(decode).cell()  # the read-only column's run is the block's first line's
     rows = []
     for r in decode["gemv"]:
         case = f"{r['shape']} {r['n']} x {r['k']}, M = {r['m']}"
@@ -83,7 +89,7 @@ def table_rows(decode: dict, read_ceiling: dict) -> list[str]:
             f"| gptq_gemv | {case} | {r['us']:.1f} | {_pct(r['frac_of_copy'])}"
             f" | {_pct(r['frac_of_same_bytes_stream'])}"
             f" | {'' if ro is None else f'{ro:.1f}'} | {r['speedup_vs_fp16_linear']:.2f}"
-            f" | {r['v100_floor_us_projected']:.1f} |"
+            f" | {r['v100_floor_us_projected']:.1f} | {run} |"
         )
     for r in decode["decode"]:
         ctxs = r["batch_contexts"]
@@ -97,7 +103,7 @@ def table_rows(decode: dict, read_ceiling: dict) -> list[str]:
             f"| paged_decode | {case} | {r['us']:.1f} | {_pct(r['frac_of_copy'])}"
             f" | {_pct(r['frac_of_same_bytes_stream'])}"
             f" | {'' if ro is None else f'{ro:.1f}'} |"
-            f" | {r['v100_floor_us_projected']:.1f} |"
+            f" | {r['v100_floor_us_projected']:.1f} | {run} |"
         )
     return rows
 
@@ -166,8 +172,10 @@ def summary_lines(decode: dict, read_ceiling: dict) -> list[str]:
     return lines
 
 
-def render(decode: dict, read_ceiling: dict) -> str:
-    """The generated block, markers included."""
+def render(decode: dict, read_ceiling: dict, results_dir: Path | None = None) -> str:
+    """The generated block, markers included; the other tables from every results file in
+    `results_dir` (bench/results by default)."""
+    others = load_results(RESULTS if results_dir is None else results_dir)
     try:
         tree = (
             f"csrc sha256 `{decode['csrc_hash'][:16]}`"
@@ -188,18 +196,123 @@ def render(decode: dict, read_ceiling: dict) -> str:
             ),
             "",
             "| op | case | us | % of copy | % same bytes | read-only us | x fp16 F.linear"
-            " | V100 floor us |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            " | V100 floor us | run |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         ]
         body = table_rows(decode, read_ceiling)
         tail = [
             "",
             *(_wrap(line, bullet=True) for line in summary_lines(decode, read_ceiling)),
+            *other_tables(others),
             END,
         ]
     except KeyError as e:
         raise TableError(f"bench results lack the field {e.args[0]!r} the table needs") from e
     return "\n".join(head + body + tail)
+
+
+def attention_rows(attn: dict) -> list[str]:
+    """Our paged decode against vLLM's Triton on the same page, one row per case."""
+    run = source(attn).cell()
+    return [
+        f"| {r['context']:,} | {r['batch']} | {r['q_rows']} | {r['splits']}"
+        f" | {r['ours_us']:.1f} | {r['triton_us']:.1f} | {r['triton_over_ours']:.1f}"
+        f" | {r['ours_gbps']:.0f} | {r['v100_floor_us']:.1f} | {run} |"
+        for r in attn["rows"]
+    ]
+
+
+def fmha_rows(fmha: dict) -> list[str]:
+    """The chunked-prefill FMHA and its yardsticks, one row per (tokens, implementation)."""
+    run = source(fmha).cell()
+    rows = []
+    for r in fmha["rows"]:
+        # the ceiling is the m8n8k4 instruction's: a yardstick for the Volta path only
+        frac = r.get("frac_of_m8n8k4_peak") if r["impl"] == "sm70_volta" else None
+        rows.append(
+            f"| {r['tokens']:,} | {r['ctx']:,} + {r['q_len']:,} | {r['impl']} | {r['ms']:.2f}"
+            f" | {r['tflops']:.1f} | {'' if frac is None else _pct(frac)} | {run} |"
+        )
+    return rows
+
+
+def gdn_rows(gdn: dict) -> list[str]:
+    """Our recurrent decode against FLA's and our conv1d update against vLLM's Triton."""
+    run = source(gdn).cell()
+    rows = []
+    for r in gdn["rows"]:
+        case = f"{r['heads']}, batch {r['batch']}, {r['tokens']} token{'s' * (r['tokens'] > 1)}"
+        if r["op"] == "recurrent":
+            ours = f"{r['ours_f32_us']:.2f} (int16 {r['ours_i16_us']:.2f})"
+            ref, ratio, who = r["fla_f32_us"], r["fla_over_ours_f32"], "FLA"
+        else:
+            ours = f"{r['ours_us']:.2f}"
+            ref, ratio, who = r["vllm_triton_us"], r["vllm_over_ours"], "vLLM Triton"
+        rows.append(f"| {r['op']} | {case} | {ours} | {ref:.2f} ({who}) | {ratio:.2f}"
+                    f" | {run} |")
+    return rows
+
+
+# Result files with a table of their own above; every other one is listed in the index.
+TABLES: dict[str, tuple[str, list[str], Callable[[dict], list[str]]]] = {
+    "h200_attention_decode.json": (
+        "Our paged decode against vLLM's Triton `unified_attention` on the same TRITON_ATTN"
+        " int8 page (`bench/bench_attention_decode.py`)",
+        ["| context | batch | q rows | splits | ours us | Triton us | Triton / ours"
+         " | ours GB/s | V100 floor us | run |",
+         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"],
+        attention_rows),
+    "h200_fmha.json": (
+        "Chunked-prefill FMHA (`bench/bench_fmha.py`), its Volta (m8n8k4) and native"
+        " instantiations against SDPA and vLLM's Triton; % is of the m8n8k4 ceiling measured"
+        " in the same run, for the Volta path",
+        ["| tokens | context + chunk | impl | ms | TFLOP/s | % of m8n8k4 | run |",
+         "| ---: | --- | --- | ---: | ---: | ---: | --- |"],
+        fmha_rows),
+    "h200_gdn.json": (
+        "Gated DeltaNet decode ops (`bench/bench_gdn.py`; us, float32 state unless said)",
+        ["| op | case | ours us | reference us | reference / ours | run |",
+         "| --- | --- | ---: | ---: | ---: | --- |"],
+        gdn_rows),
+}
+
+
+def load_results(results_dir: Path) -> dict[str, dict]:
+    """Every results file of the folder by name (a file that is not JSON is refused)."""
+    out = {}
+    for path in sorted(results_dir.glob("*.json")):
+        try:
+            out[path.name] = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise TableError(f"cannot read the bench results: {path}: {e}") from e
+    return out
+
+
+MAIN_TABLE = (DECODE_JSON.name, READ_CEILING_JSON.name)
+
+
+def _what(name: str, result: dict) -> str:
+    """What the file holds: a table of this block, or its own `what` (first clause)."""
+    if name in MAIN_TABLE or name in TABLES:
+        return "a table above"
+    text = str(result.get("what") or "not tabled here")
+    return text.split(";")[0].strip().replace("|", "/")
+
+
+def other_tables(results: dict[str, dict]) -> list[str]:
+    """The tables of TABLES for the files present, then one row per results file."""
+    lines: list[str] = []
+    for name, (title, head, rows) in TABLES.items():
+        if name in results:
+            lines += ["", _wrap(f"{title}, from `bench/results/{name}`:"), "", *head,
+                      *rows(results[name])]
+    lines += ["", "Every results file (`bench/results/`), its machine, date and job:", "",
+              "| file | machine | date | job | what |", "| --- | --- | --- | --- | --- |"]
+    for name, result in results.items():
+        src = source(result)
+        job = src.job if src.job == NOT_RECORDED else f"`{src.job}`"
+        lines.append(f"| `{name}` | {src.machine} | {src.date} | {job} | {_what(name, result)} |")
+    return lines
 
 
 def splice(doc: str, block: str) -> str:
@@ -242,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if new != doc:
         print(
-            f"kernels_table: {doc_path}: the measured-figures table is stale against"
-            f" {args.decode.name} / {args.read_ceiling.name}; run"
+            f"kernels_table: {doc_path}: the measured-figures tables are stale against"
+            f" {args.decode.name} / {args.read_ceiling.name} / bench/results; run"
             f" python bench/kernels_table.py --write {doc_path}",
             file=sys.stderr,
         )

@@ -74,7 +74,7 @@ def test_one_row_per_measured_case_and_the_emulated_path_marked():
     qkv = next(r for r in rows if r.startswith("| gptq_gemv | qkv_proj 7168 x 5120, M = 1 |"))
     want = next(r for r in decode["gemv"] if r["shape"] == "qkv_proj" and r["m"] == 1)
     assert f"| {want['us']:.1f} | {100 * want['frac_of_copy']:.0f} % |" in qkv
-    assert all(cell.count("|") == 9 for cell in rows)  # 8 columns
+    assert all(cell.count("|") == 10 for cell in rows)  # 9 columns, the last the run
 
 
 def test_doc_prose_carries_no_run_timings_or_session_diaries():
