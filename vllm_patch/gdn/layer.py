@@ -225,8 +225,14 @@ class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
                            state_scale: torch.Tensor | None) -> None:
         """A step with prefill rows on our ops (routing.prefill_plan), in place on the pool
         views given (vLLM's, or the int16 layer's float32 scratch)."""
+        if state_scale is not None:  # checked before any state is touched
+            raise RuntimeError("our chunked prefill takes a float32 state; the int16 layer "
+                               "hands it a float32 scratch")
         plan = routing.prefill_plan(meta, kind, getattr(self, "gdn_prefill_backend", "triton"))
-        if plan.gathered:  # MTP rows in the step: vLLM's index tensors say whose tokens
+        if plan.gathered:
+            # MTP rows in the step: vLLM's index tensors say whose tokens. The gates a, b are
+            # gathered too (vLLM's own path hands its MTP kernel the step's first tokens'
+            # gates, right only while every MTP row precedes every non-spec row)
             spec_tok = meta.spec_token_indx.long()
             ns_tok = meta.non_spec_token_indx.long()
             if plan.num_spec:
@@ -256,9 +262,6 @@ class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
         qkv = kernels.gdn_conv1d_prefill(
             x_ns[lo:hi], conv_state, self._sm70_conv_weight(), self.conv1d.bias, qsl_p, idx_p,
             init_p, silu=self.activation in routing.SILU_NAMES)
-        if state_scale is not None:
-            raise RuntimeError("our chunked prefill takes a float32 state; the int16 layer "
-                               "hands it a float32 scratch")
         h, scale = self.num_k_heads // self.tp_size, self.head_k_dim**-0.5
         if plan.two_pass:
             # the decode rows' chunks (one each) dropped, the sequences renumbered past them
