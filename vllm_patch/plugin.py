@@ -68,6 +68,7 @@ def register() -> dict[str, Any]:
         report["ngram_assist"] = _install_ngram_assist(config)
         report["settle_accepted_state"] = _install_settle_accepted_state(config)
         report["exact_prefix_hits"] = _install_exact_prefix_hits(config)
+        report["tool_call_split_tag"] = _install_split_start_tag()
         _state.update(report)
         logger.info("sm70 plugin registered: custom ops %s, attention backend %s, "
                     "quantization %s", report["custom_ops"], report["attention_backend"],
@@ -216,3 +217,13 @@ def _install_exact_prefix_hits(config: Any) -> str:
     from vllm_patch.spec_decode import prefix_state
 
     return prefix_state.install_when_imported()
+
+
+def _install_split_start_tag() -> str:
+    """R9 of runtime_patches/README.md: a streamed qwen3_coder call whose `<tool_call>` comes
+    in several tokens (acts in the API server, the process that streams chat answers)."""
+    if importlib.util.find_spec("vllm") is None:
+        return "absent (vLLM not installed)"
+    from vllm_patch.tool_calls import split_start_tag
+
+    return split_start_tag.install_when_imported()
