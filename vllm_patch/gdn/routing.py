@@ -166,7 +166,10 @@ class PrefillPlan:
 
     num_decodes: int  # plain decode rows at the front of the non-spec rows: our decode ops
     num_prefills: int  # non-spec rows num_decodes .. num_decodes + num_prefills: prefill ops
-    prefill_tokens: int  # their tokens, right after the decodes' num_decodes tokens
+    # their tokens, right after the decodes' num_decodes tokens; without MTP rows vLLM's
+    # count includes the padded tail of the step (rows past the last sequence, which the
+    # ops leave alone)
+    prefill_tokens: int
     num_spec: int  # MTP rows (0 without): our decode ops on the spec_token_indx tokens
     gathered: bool  # tokens gathered by vLLM's index tensors (MTP rows in the step)
     two_pass: bool  # vLLM's chunk table is there and in FLA's numbering

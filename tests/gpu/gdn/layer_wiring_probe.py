@@ -213,8 +213,10 @@ def meta_prefill(gdn_attn: Any, reqs: list[Req], table: bool) -> Any:
             num_accepted_tokens=torch.tensor([r["acc"] for r in sp], dtype=torch.int32))
     else:
         dec = [r for r in ns if r["kind"] == "decode"]
+        # split_decodes_and_prefills counts the padded tail as prefill tokens
         fields.update(
-            num_prefills=len(ns) - len(dec), num_prefill_tokens=sum(ns_lens) - len(dec),
+            num_prefills=len(ns) - len(dec),
+            num_prefill_tokens=total + PAD_TOKENS - len(dec),
             num_decodes=len(dec), num_decode_tokens=len(dec), num_spec_decodes=0,
             num_spec_decode_tokens=0)
     # the slot is column 0 of the (gathered) block table: a strided view, as vLLM's
