@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import decode_cases as C
+from bench_io import md_table, write_json
 
 CONTEXTS = (4096, 65536, 262144)
 BATCHES = (1, 16)
@@ -94,15 +95,12 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| context | batch | q rows | splits | ours us | Triton us | Triton/ours | "
-            "ours GB/s | max abs diff |")
-    lines = [head, "|" + "---|" * 9]
-    for r in rows:
-        lines.append(f"| {r['context']} | {r['batch']} | {r['q_rows']} | {r['splits']} | "
-                     f"{r['ours_us']:.1f} | {r['triton_us']:.1f} | "
-                     f"{r['triton_over_ours']:.2f} | {r['ours_gbps']:.0f} | "
-                     f"{r['max_abs_diff']:.2e} |")
-    return "\n".join(lines)
+    return md_table(
+        ("context", "batch", "q rows", "splits", "ours us", "Triton us", "Triton/ours",
+         "ours GB/s", "max abs diff"),
+        [(r["context"], r["batch"], r["q_rows"], r["splits"], f"{r['ours_us']:.1f}",
+          f"{r['triton_us']:.1f}", f"{r['triton_over_ours']:.2f}", f"{r['ours_gbps']:.0f}",
+          f"{r['max_abs_diff']:.2e}") for r in rows])
 
 
 # ------------------------------------------------------------------ the GPU
@@ -199,12 +197,10 @@ def main() -> int:
             doc["errors"][name] = f"{type(exc).__name__}: {exc}"
             torch.cuda.empty_cache()
     doc.update(verdict(doc["rows"]))
-    text = json.dumps(doc, indent=1)
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(text)
+        write_json(a.out, doc)
     else:
-        print(text)
+        print(json.dumps(doc, indent=1))
     print(table(doc["rows"]))
     return 0 if doc["rows"] and not doc["errors"] else 1
 

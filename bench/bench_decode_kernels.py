@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import decode_cases as C
+from bench_io import write_json
 from gpu_timing import copy_bandwidth, same_bytes_stream_us, time_graph
 from launch_cost import describe_fit, fit_launch_cost
 
@@ -298,11 +299,10 @@ def main() -> int:
         "decode_step_us": {str(m): C.decode_step_us(native_gemv, m) for m in ms},
         "targets": C.targets(native_gemv, decode),
     }
-    text = json.dumps(result, indent=2) + "\n"
     if args.out:
-        args.out.write_text(text)
+        write_json(args.out, result, indent=2, newline=True)
     else:
-        print(text)
+        print(json.dumps(result, indent=2) + "\n")
     print(C.render(result))
     if m1_fit:
         print("GEMV M = 1,", describe_fit(m1_fit))

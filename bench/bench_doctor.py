@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_io import write_json
 from startup_timing import machine, spread, time_runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +57,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=2))
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.out, result, indent=2, newline=True)
 
     from rich.console import Console
 

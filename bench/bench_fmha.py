@@ -23,20 +23,21 @@ The JSON is rewritten after each row, so a failure later keeps what was measured
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_io import md_table, new_result, run_and_report, write_result  # noqa: E402
+
+# peak_flops: the ceiling's FLOP count, still read from this module by its tests
+from gpu_timing import peak_flops, record_peaks, time_against_peaks, time_ms  # noqa: E402, F401
 
 HEAD_DIM = 256
-PEAK_FLOPS_PER_MMA = {"m8n8k4": 2048, "m16n8k16": 4096}  # per warp instruction
-PEAK_CHAINS = 8  # independent accumulators per warp in fmha_tc_peak
-PEAK_WARPS = 8  # per block
 
 
 def parse_tokens(text: str) -> list[int]:
@@ -56,64 +57,19 @@ def case_shape(tokens: int, chunk: int) -> tuple[int, int]:
     return tokens - q_len, q_len
 
 
-def peak_flops(shape: str, blocks: int, iters: int) -> int:
-    """FLOPs of one fmha_tc_peak launch (pure)."""
-    return PEAK_FLOPS_PER_MMA[shape] * PEAK_CHAINS * PEAK_WARPS * blocks * iters
-
-
 def markdown(rows: list[dict]) -> str:
     """The rows as a markdown table (pure)."""
-    head = "| tokens | ctx | q_len | impl | ms | TFLOP/s | of m8n8k4 peak | note |"
-    lines = [head, "|" + "---|" * 8]
+    cells = []
     for r in rows:
         ms = f"{r['ms']:.3f}" if r.get("ms") is not None else "-"
         tf = f"{r['tflops']:.1f}" if r.get("tflops") is not None else "-"
         fr = r.get("frac_of_m8n8k4_peak")
         frs = f"{100 * fr:.1f} %" if fr is not None else "-"
         note = r.get("error") or r.get("note") or ""
-        lines.append(f"| {r.get('tokens', '-')} | {r.get('ctx', '-')} | {r.get('q_len', '-')} | "
-                     f"{r['impl']} | {ms} | {tf} | {frs} | {note[:80]} |")
-    return "\n".join(lines) + "\n"
-
-
-def time_ms(fn: Callable[[], object], min_reps: int = 3, target_s: float = 0.3) -> float:
-    """Median milliseconds of fn over CUDA events, after one warm-up call."""
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    t_end = time.monotonic() + target_s
-    while len(times) < min_reps or (time.monotonic() < t_end and len(times) < 50):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
-
-
-def measure_peaks(kernels, torch) -> dict[str, float]:
-    """TFLOP/s of the m8n8k4 loop (and m16n8k16 on sm_80+) on this GPU."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    blocks = 4 * sms
-    out = torch.empty(blocks * 256, device="cuda")
-    peaks = {}
-    shapes = ["m8n8k4"] + (["m16n8k16"] if torch.cuda.get_device_capability(0)[0] >= 8 else [])
-    for shape in shapes:
-        wide = shape == "m16n8k16"
-        iters = 64
-        while True:  # grow until one launch takes a few tens of milliseconds
-            ms = time_ms(lambda i=iters, w=wide: kernels.fmha_tc_peak(out, i, w), min_reps=3,
-                         target_s=0)
-            if ms > 20 or iters >= 1 << 22:
-                break
-            iters *= 4
-        ms = time_ms(lambda i=iters, w=wide: kernels.fmha_tc_peak(out, i, w))
-        peaks[shape] = peak_flops(shape, blocks, iters) / (ms * 1e-3) / 1e12
-    return peaks
+        cells.append((r.get("tokens", "-"), r.get("ctx", "-"), r.get("q_len", "-"), r["impl"],
+                      ms, tf, frs, note[:80]))
+    return md_table(("tokens", "ctx", "q_len", "impl", "ms", "TFLOP/s", "of m8n8k4 peak",
+                     "note"), cells) + "\n"
 
 
 def build_case(torch, ref, ctx: int, q_len: int, hq: int, hkv: int, block_size: int, seed: int):
@@ -148,26 +104,17 @@ def run(args: argparse.Namespace) -> dict:
     from vllm_patch.ops import reference_fmha as ref
 
     out_path = Path(args.out)
-    result: dict = {
-        "what": "FMHA chunked prefill vs the m8n8k4 ceiling, SDPA and vLLM Triton",
-        "device": torch.cuda.get_device_name(0),
-        "command": " ".join(["python3", *sys.argv]),
-        "shape": {"hq": args.hq, "hkv": args.hkv, "head_dim": HEAD_DIM, "chunk": args.chunk,
-                  "block_size": args.block_size},
-        "rows": [],
-        "errors": [],
-    }
+    result = new_result(
+        "FMHA chunked prefill vs the m8n8k4 ceiling, SDPA and vLLM Triton",
+        torch.cuda.get_device_name(0),
+        {"hq": args.hq, "hkv": args.hkv, "head_dim": HEAD_DIM, "chunk": args.chunk,
+         "block_size": args.block_size})
     t_stop = time.monotonic() + args.budget_s
 
     def save() -> None:
-        out_path.write_text(json.dumps(result, indent=1))
-        out_path.with_suffix(".md").write_text(markdown(result["rows"]))
+        write_result(out_path, result, markdown)
 
-    try:
-        result["peak_tflops"] = peaks = measure_peaks(kernels, torch)
-    except Exception as exc:  # recorded; the fractions are then left out
-        peaks = {}
-        result["errors"].append(f"peak: {exc!r}")
+    peaks = record_peaks(kernels, result)
     save()
     sm_scale = HEAD_DIM**-0.5
     try:
@@ -202,12 +149,7 @@ def run(args: argparse.Namespace) -> dict:
             row = {**base, "impl": impl}
             try:
                 kernels.set_arch_path(path)
-                row["ms"] = time_ms(ours)
-                row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
-                if "m8n8k4" in peaks:
-                    row["frac_of_m8n8k4_peak"] = row["tflops"] / peaks["m8n8k4"]
-                if "m16n8k16" in peaks:
-                    row["frac_of_m16n8k16_peak"] = row["tflops"] / peaks["m16n8k16"]
+                time_against_peaks(row, ours, flops, peaks)
                 if impl == "sm70_volta":
                     ours_out = ours()
             except Exception as exc:
@@ -308,13 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.hkv < 1 or args.hq % args.hkv or args.chunk < 1 or args.block_size < 1:
         ap.error(f"--hq {args.hq} must be a multiple of --hkv {args.hkv}; --chunk and "
                  "--block-size must be positive")
-    try:
-        result = run(args)
-    except Exception:  # no GPU, no ops: the JSON still says why
-        Path(args.out).write_text(json.dumps({"rows": [], "errors": [traceback.format_exc()]}))
-        raise
-    print(markdown(result["rows"]))
-    return 0 if not result["errors"] else 1
+    return run_and_report(run, args, markdown)
 
 
 if __name__ == "__main__":

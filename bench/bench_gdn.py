@@ -15,7 +15,6 @@ copies them out of the conv output first; we read the conv output in place).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+from bench_io import write_failure, write_json  # noqa: E402
 
 D = 128
 HEADS = {"tp2": (8, 24), "tp1": (16, 48)}
@@ -185,7 +185,7 @@ def measure(out: Path, budget_s: float) -> dict[str, Any]:
                 for case in (recurrent_case, conv_case):
                     if time.time() - t0 > budget_s:
                         res["stopped"] = "budget"
-                        out.write_text(json.dumps(res, indent=1))
+                        write_json(out, res)
                         return res
                     try:
                         res["rows"].append(case(heads, batch, tokens))
@@ -194,7 +194,7 @@ def measure(out: Path, budget_s: float) -> dict[str, Any]:
                                               "error": f"{type(exc).__name__}: {exc}"[:600],
                                               "traceback": traceback.format_exc()[-1500:]})
                     res["elapsed_s"] = round(time.time() - t0, 1)
-                    out.write_text(json.dumps(res, indent=1))
+                    write_json(out, res)
     return res
 
 
@@ -208,7 +208,7 @@ def main() -> int:
     except Exception as exc:  # the driver reads the JSON; keep the failure in it
         err = {"error": f"{type(exc).__name__}: {exc}",
                "traceback": traceback.format_exc()[-3000:]}
-        a.out.write_text(json.dumps({"rows": [], "errors": [err]}))
+        write_failure(a.out, err)
         return 1
     return 0 if res["rows"] and not res["errors"] else 1
 

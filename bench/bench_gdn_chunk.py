@@ -30,7 +30,6 @@ compare against the float64 recurrence). The JSON is rewritten after each row.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import traceback
@@ -40,7 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_fmha import measure_peaks, parse_tokens, time_ms  # noqa: E402
+from bench_fmha import parse_tokens  # noqa: E402
+from bench_io import md_table, new_result, run_and_report, write_result  # noqa: E402
+from gpu_timing import record_peaks, time_against_peaks, time_ms  # noqa: E402
 
 CHUNK = 64
 D = 128
@@ -72,9 +73,7 @@ def split_lengths(tokens: int, seqs: int) -> list[int]:
 
 def markdown(rows: list[dict]) -> str:
     """The rows as a markdown table (pure)."""
-    head = ("| tokens | seqs | impl | ms | TFLOP/s | of m8n8k4 peak | vs FLA (prep+chunk) "
-            "| note |")
-    lines = [head, "|" + "---|" * 8]
+    cells = []
     for r in rows:
         ms = f"{r['ms']:.3f}" if r.get("ms") is not None else "-"
         tf = f"{r['tflops']:.2f}" if r.get("tflops") is not None else "-"
@@ -83,9 +82,10 @@ def markdown(rows: list[dict]) -> str:
         sp = r.get("speedup_vs_fla")
         sps = f"{sp:.2f}x" if sp is not None else "-"
         note = r.get("error") or r.get("note") or ""
-        lines.append(f"| {r.get('tokens', '-')} | {r.get('seqs', 1)} | {r['impl']} | {ms} | "
-                     f"{tf} | {frs} | {sps} | {note[:80]} |")
-    return "\n".join(lines) + "\n"
+        cells.append((r.get("tokens", "-"), r.get("seqs", 1), r["impl"], ms, tf, frs, sps,
+                      note[:80]))
+    return md_table(("tokens", "seqs", "impl", "ms", "TFLOP/s", "of m8n8k4 peak",
+                     "vs FLA (prep+chunk)", "note"), cells) + "\n"
 
 
 def build_case(torch, tokens: int, seqs: int, h: int, hv: int, seed: int):
@@ -107,25 +107,15 @@ def run(args: argparse.Namespace) -> dict:
 
     out_path = Path(args.out)
     h, hv = args.k_heads, args.v_heads
-    result: dict = {
-        "what": "GDN chunked prefill vs FLA chunk_gated_delta_rule and the m8n8k4 ceiling",
-        "device": torch.cuda.get_device_name(0),
-        "command": " ".join(["python3", *sys.argv]),
-        "shape": {"k_heads": h, "v_heads": hv, "head": D, "chunk": CHUNK},
-        "rows": [],
-        "errors": [],
-    }
+    result = new_result(
+        "GDN chunked prefill vs FLA chunk_gated_delta_rule and the m8n8k4 ceiling",
+        torch.cuda.get_device_name(0), {"k_heads": h, "v_heads": hv, "head": D, "chunk": CHUNK})
     t_stop = time.monotonic() + args.budget_s
 
     def save() -> None:
-        out_path.write_text(json.dumps(result, indent=1))
-        out_path.with_suffix(".md").write_text(markdown(result["rows"]))
+        write_result(out_path, result, markdown)
 
-    try:
-        result["peak_tflops"] = peaks = measure_peaks(kernels, torch)
-    except Exception as exc:  # recorded; the fractions are then left out
-        peaks = {}
-        result["errors"].append(f"peak: {exc!r}")
+    peaks = record_peaks(kernels, result)
     save()
     try:
         from vllm.model_executor.layers.fla.ops import (
@@ -176,12 +166,7 @@ def run(args: argparse.Namespace) -> dict:
             row = {**base, "impl": impl}
             try:
                 kernels.set_arch_path(path)
-                row["ms"] = time_ms(ours)
-                row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
-                if "m8n8k4" in peaks:
-                    row["frac_of_m8n8k4_peak"] = row["tflops"] / peaks["m8n8k4"]
-                if "m16n8k16" in peaks:
-                    row["frac_of_m16n8k16_peak"] = row["tflops"] / peaks["m16n8k16"]
+                time_against_peaks(row, ours, flops, peaks)
                 work.copy_(state)
                 ours_out[impl] = (ours(), work[1:].clone())
             except Exception as exc:
@@ -272,13 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
     if args.k_heads < 1 or args.v_heads % args.k_heads:
         ap.error(f"--v-heads {args.v_heads} must be a multiple of --k-heads {args.k_heads}")
-    try:
-        result = run(args)
-    except Exception:  # no GPU, no ops: the JSON still says why
-        Path(args.out).write_text(json.dumps({"rows": [], "errors": [traceback.format_exc()]}))
-        raise
-    print(markdown(result["rows"]))
-    return 0 if not result["errors"] else 1
+    return run_and_report(run, args, markdown)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ random tokens are drawn from the model's 248,320 ids):
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 import sys
@@ -40,6 +39,9 @@ from typing import Any
 
 from sm70ctl.output import Output, make_table
 from vllm_patch.spec_decode.ngram import accepted_prefix, propose
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_io import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 248_320
@@ -172,7 +174,7 @@ def main() -> None:
     }
     if "--out" in sys.argv:
         path = Path(sys.argv[sys.argv.index("--out") + 1])
-        path.write_text(json.dumps(doc, indent=1) + "\n")
+        write_json(path, doc, newline=True)
 
     def fmt(v: object) -> str:
         return "-" if v is None else str(v)

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import decode_cases as C
+from bench_io import write_json
 from gpu_timing import copy_bandwidth, time_graph
 from launch_cost import describe_fit, fit_launch_cost
 
@@ -170,7 +171,7 @@ def main() -> int:
         )
     print(describe_fit(result["fit"]))
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.out, result, indent=2, newline=True)
     return 0
 
 

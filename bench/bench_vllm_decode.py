@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_io import md_table, write_json
+
 STEPS = 32
 DECODE_CASES = [(1, 1024), (4, 1024), (16, 1024), (1, 32768), (16, 32768)]
 QUICK_CASES = [(1, 1024), (4, 1024), (16, 1024), (1, 32768)]
@@ -108,11 +111,9 @@ def combine(stock: list[dict[str, Any]], ours: list[dict[str, Any]]) -> list[dic
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| case | metric | stock | ours | ours/stock |", "|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['case']} | {r['metric']} | {r['stock']} | {r['ours']} | "
-                     f"{r['ours_over_stock']} |")
-    return "\n".join(lines)
+    return md_table(("case", "metric", "stock", "ours", "ours/stock"),
+                    [(r["case"], r["metric"], r["stock"], r["ours"], r["ours_over_stock"])
+                     for r in rows])
 
 
 def main() -> int:
@@ -130,8 +131,8 @@ def main() -> int:
         return 1
     print(table(rows))
     if a.out:
-        a.out.write_text(json.dumps({"mode": a.mode, "steps": STEPS, "rows": rows,
-                                     "stock": stock, "ours": ours}, indent=1))
+        write_json(a.out, {"mode": a.mode, "steps": STEPS, "rows": rows, "stock": stock,
+                           "ours": ours})
     return 0
 
 

@@ -24,6 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_io import write_json
+
 STEPS = 16
 DECODE_CONTEXT = 1024
 PREFILL_LEN = 32768
@@ -165,7 +168,7 @@ def main() -> int:
         return 1
     print(table(prof))
     if a.out:
-        a.out.write_text(json.dumps({"steps": STEPS, "sides": prof}, indent=1))
+        write_json(a.out, {"steps": STEPS, "sides": prof})
     return 0
 
 

@@ -1,0 +1,134 @@
+"""The benches' shared helpers: writing results (bench/bench_io.py) and the timing rules of
+bench/gpu_timing.py, the latter against a stand-in torch.cuda whose events report set times
+(no GPU here)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import bench_io
+import gpu_timing
+
+
+def test_result_json_and_its_table_beside(tmp_path: Path) -> None:
+    out = tmp_path / "deep" / "r.json"
+    result = {"rows": [{"a": 1}], "errors": []}
+    bench_io.write_result(out, result, lambda rows: f"{len(rows)} rows\n")
+    assert json.loads(out.read_text()) == result and out.read_text().startswith("{\n \"rows\"")
+    assert (tmp_path / "deep" / "r.md").read_text() == "1 rows\n"
+    bench_io.write_json(out, {"x": 1}, indent=2, newline=True)
+    assert out.read_text() == '{\n  "x": 1\n}\n'
+    bench_io.write_failure(out, "Traceback ...")
+    assert out.read_text() == '{"rows": [], "errors": ["Traceback ..."]}'
+
+
+def test_md_table() -> None:
+    got = bench_io.md_table(("a", "b"), [(1, "x"), ("", 2.5)])
+    assert got == "| a | b |\n|---|---|\n| 1 | x |\n|  | 2.5 |"
+
+
+def test_new_result_records_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench/bench_fmha.py", "--out", "x.json"])
+    r = bench_io.new_result("what", "GPU", {"h": 1})
+    assert r == {"what": "what", "device": "GPU", "command": "python3 bench/bench_fmha.py --out"
+                 " x.json", "shape": {"h": 1}, "rows": [], "errors": []}
+
+
+def test_run_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = types.SimpleNamespace(out=str(tmp_path / "r.json"))
+    assert bench_io.run_and_report(lambda a: {"rows": [1], "errors": []}, args,
+                                   lambda rows: f"table {rows}") == 0
+    assert "table [1]" in capsys.readouterr().out
+    assert bench_io.run_and_report(lambda a: {"rows": [], "errors": ["e"]}, args, str) == 1
+
+    def no_gpu(a: Any) -> dict[str, Any]:
+        raise RuntimeError("no CUDA")
+
+    with pytest.raises(RuntimeError):
+        bench_io.run_and_report(no_gpu, args, str)
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["rows"] == [] and "RuntimeError: no CUDA" in saved["errors"][0]
+
+
+class _Clock:
+    """Event times from a script: each timed call lasts the next listed milliseconds (the
+    last one again once the list is spent)."""
+
+    def __init__(self, durations_ms: list[float]) -> None:
+        self.durations = list(durations_ms)
+        self.now = 0.0
+
+    def event(self, enable_timing: bool = False) -> Any:
+        clock = self
+
+        class Event:
+            t = 0.0
+
+            def record(self) -> None:
+                self.t = clock.now
+
+            def synchronize(self) -> None:
+                pass
+
+            def elapsed_time(self, other: Any) -> float:
+                return other.t - self.t
+
+        return Event()
+
+    def call(self) -> None:
+        self.now += self.durations.pop(0) if len(self.durations) > 1 else self.durations[0]
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    c = _Clock([])
+    cuda = types.SimpleNamespace(Event=c.event, synchronize=lambda: None)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    return c
+
+
+def test_event_seconds_times_the_call(clock: _Clock) -> None:
+    clock.durations = [250.0]
+    assert gpu_timing.event_seconds(clock.call) == pytest.approx(0.25)
+
+
+def test_time_ms_warms_up_then_takes_the_middle(clock: _Clock) -> None:
+    clock.durations = [1000.0, 5.0, 1.0, 3.0]  # the warm-up's 1000 is not counted
+    assert gpu_timing.time_ms(clock.call, min_reps=3, target_s=0) == 3.0
+    clock.durations = [1000.0, 5.0, 1.0, 3.0, 4.0]  # even count: the upper middle
+    assert gpu_timing.time_ms(clock.call, min_reps=4, target_s=0) == 4.0
+
+
+def test_time_against_peaks(clock: _Clock) -> None:
+    clock.durations = [9.0, 2.0]
+    row: dict[str, Any] = {}
+    gpu_timing.time_against_peaks(row, clock.call, 4e12, {"m16n8k16": 4000.0, "m8n8k4": 20.0})
+    assert list(row) == ["ms", "tflops", "frac_of_m8n8k4_peak", "frac_of_m16n8k16_peak"]
+    assert row["tflops"] == pytest.approx(2000.0)
+    assert row["frac_of_m8n8k4_peak"] == pytest.approx(100.0)
+    assert row["frac_of_m16n8k16_peak"] == pytest.approx(0.5)
+    row = {}
+    clock.durations = [1.0]
+    gpu_timing.time_against_peaks(row, clock.call, 1.0, {})
+    assert "frac_of_m8n8k4_peak" not in row
+
+
+def test_record_peaks_keeps_a_failure_as_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(kernels: Any) -> dict[str, float]:
+        raise RuntimeError("no fmha_tc_peak")
+
+    monkeypatch.setattr(gpu_timing, "measure_peaks", broken)
+    result: dict[str, Any] = {"errors": []}
+    assert gpu_timing.record_peaks(None, result) == {}
+    assert result == {"errors": ["peak: RuntimeError('no fmha_tc_peak')"]}
+    monkeypatch.setattr(gpu_timing, "measure_peaks", lambda kernels: {"m8n8k4": 13.9})
+    assert gpu_timing.record_peaks(None, result) == {"m8n8k4": 13.9}
+    assert result["peak_tflops"] == {"m8n8k4": 13.9}
