@@ -324,3 +324,92 @@ def test_chat_template_has_the_parsers_markers() -> None:
                    "<|vision_start|><|video_pad|><|vision_end|>", "<tool_response>",
                    "enable_thinking"):
         assert marker in text, marker
+
+
+# --- what tool_named_stream records -------------------------------------------------------
+def test_stream_token_ids_and_chunk_digest() -> None:
+    chunks = [{"choices": [{"delta": {"role": "assistant", "content": ""}, "token_ids": None}]},
+              {"choices": [{"delta": {"content": "<", "tool_calls": []}, "token_ids": [60]}]},
+              {"choices": [{"delta": {}, "token_ids": [116, 111], "finish_reason": "stop"}]},
+              {"choices": [], "usage": {"completion_tokens": 3}}]
+    assert oc.stream_token_ids(chunks) == [60, 116, 111]
+    assert oc.chunk_digest(chunks[0]) == [{"delta": {"role": "assistant"}}]
+    assert oc.chunk_digest(chunks[1]) == [{"delta": {"content": "<"}, "token_ids": [60]}]
+    assert oc.chunk_digest(chunks[2]) == [{"delta": {}, "token_ids": [116, 111],
+                                           "finish_reason": "stop"}]
+    assert oc.chunk_digest(chunks[3]) == []
+
+
+def test_tag_spelling() -> None:
+    assert oc.tag_spelling([5, 9], 9, ["a", "<tool_call>"], "<tool_call>") == "token"
+    assert oc.tag_spelling([1, 2, 3], 9, ["<tool", "_call", ">"], "<tool_call>") == "pieces"
+    assert oc.tag_spelling([1, 2], 9, ["<tool", "_cal"], "<tool_call>") == "absent"
+
+
+TAG_ID = 2000
+XML_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nLima\n</parameter>\n"
+            "<parameter=unit>\ncelsius\n</parameter>\n<parameter=days>\n1\n</parameter>\n"
+            "<parameter=alerts>\nfalse\n</parameter>\n</function>\n</tool_call>")
+
+
+class _ByteTok:
+    """The tiny tokenizer as far as the case uses it: byte ids, one added <tool_call>."""
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return {"<tool_call>": TAG_ID, oc.THINK_END: TAG_ID + 1}[token]
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join("<tool_call>" if i == TAG_ID else chr(i) for i in ids)
+
+
+class _Chunk(dict):
+    def model_dump(self) -> dict:
+        return dict(self)
+
+
+class _Client:
+    def __init__(self, chunks: list[dict]) -> None:
+        self.chunks = chunks
+        self.kw: dict = {}
+        self.chat = self
+        self.completions = self
+
+    def create(self, **kw: object) -> list[_Chunk]:
+        self.kw = kw
+        return [_Chunk(c) for c in self.chunks]
+
+
+def _stream_case(chunks: list[dict]) -> tuple[oc.Verdict, _Client]:
+    client = _Client(chunks)
+    v = oc.Verdict("tool_named_stream", True)
+    device_openai.case_tool_named_stream(device_openai.Ctx(client, "http://x", _ByteTok()), v)
+    return v, client
+
+
+def test_tool_named_stream_records_a_lost_call() -> None:
+    # the H200's failure: the call's XML, one byte token per character, streamed as content
+    chunks = [{"choices": [{"delta": {"content": ch}, "token_ids": [ord(ch)]}]}
+              for ch in XML_CALL]
+    chunks.append({"choices": [{"delta": {}, "token_ids": [1], "finish_reason": "stop"}]})
+    v, client = _stream_case(chunks)
+    assert client.kw["stream"] is True
+    assert client.kw["extra_body"]["return_token_ids"] is True
+    assert client.kw["extra_body"]["chat_template_kwargs"] == {"enable_thinking": False}
+    assert not v.passed
+    assert v.response["tool_call_tag"] == "pieces"
+    assert v.response["content"].startswith("<tool_call>\n<function=get_weather>")
+    assert v.response["first_chunks"][0] == [{"delta": {"content": "<"}, "token_ids": [60]}]
+    assert v.response["first_tokens"][:2] == [(60, "<"), (116, "t")]
+
+
+def test_tool_named_stream_passes_a_streamed_call() -> None:
+    args = '{"city": "Lima", "unit": "celsius", "days": 1, "alerts": false}'
+    chunks = [{"choices": [{"delta": {}, "token_ids": [TAG_ID]}]},
+              {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c", "function": {
+                  "name": "get_weather", "arguments": ""}}]}, "token_ids": [10]}]},
+              {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {
+                  "arguments": args}}]}, "token_ids": [62], "finish_reason": "stop"}]}]
+    v, _ = _stream_case(chunks)
+    assert v.passed, v.checks
+    assert v.response["tool_call_tag"] == "token"
+    assert v.response["content"] is None

@@ -466,9 +466,21 @@ def case_tool_required(ctx: Ctx, v: oc.Verdict) -> None:
 
 
 def case_tool_named_stream(ctx: Ctx, v: oc.Verdict) -> None:
-    s = chat_stream(ctx, messages=TOOL_MSGS, tools=TOOLS, tool_choice=NAMED, max_tokens=TOOL_TOKENS,
-                    logit_bias=ctx.no_space, extra_body=no_think())
-    v.response = {"tool_calls": s["tool_calls"], "finish_reason": s["finish_reason"]}
+    # return_token_ids: each chunk names its tokens, so a lost call shows how its tag came
+    chunks = [dump(c) for c in ctx.client.chat.completions.create(
+        model=MODEL, temperature=0, stream=True, stream_options={"include_usage": True},
+        messages=TOOL_MSGS, tools=TOOLS, tool_choice=NAMED, max_tokens=TOOL_TOKENS,
+        logit_bias=ctx.no_space, extra_body=no_think({"return_token_ids": True}))]
+    s = oc.assemble_stream(chunks)
+    ids = oc.stream_token_ids(chunks)
+    pieces = [ctx.tok.decode([i]) for i in ids]
+    v.response = {"tool_calls": s["tool_calls"], "finish_reason": s["finish_reason"],
+                  "content": oc.short(s["content"], 400),
+                  "reasoning": oc.short(s["reasoning"], 400), "usage": s["usage"],
+                  "first_chunks": [oc.chunk_digest(c) for c in chunks[:6]],
+                  "first_tokens": list(zip(ids[:16], pieces[:16], strict=True)),
+                  "tool_call_tag": oc.tag_spelling(ids, ctx.tool_call, pieces,
+                                                   "<tool_call>")}
     problems = oc.tool_call_problems(s["tool_calls"], TOOLS, only="get_weather")
     v.check("streamed call assembles to a valid get_weather call", not problems, problems)
     named = ctx.memo.get("named")

@@ -280,6 +280,39 @@ def assemble_stream(chunks: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             "finish_reason": finish, "usage": usage}
 
 
+def stream_token_ids(chunks: Iterable[Mapping[str, Any]]) -> list[int]:
+    """The generated token ids of a chat stream asked with vLLM's `return_token_ids` (each
+    choice carries its step's `token_ids`; chunks without them add none)."""
+    ids: list[int] = []
+    for chunk in chunks:
+        for choice in chunk.get("choices") or []:
+            ids += [int(i) for i in choice.get("token_ids") or []]
+    return ids
+
+
+def chunk_digest(chunk: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What one stream chunk carried, per choice, without the empty fields: the delta's
+    non-empty parts, its token ids and finish_reason (for a failure's record)."""
+    out = []
+    for choice in chunk.get("choices") or []:
+        delta = {k: v for k, v in (choice.get("delta") or {}).items() if v not in (None, "", [])}
+        row: dict[str, Any] = {"delta": delta}
+        for key in ("token_ids", "finish_reason"):
+            if choice.get(key):
+                row[key] = choice[key]
+        out.append(row)
+    return out
+
+
+def tag_spelling(ids: Sequence[int], tag_id: int, pieces: Sequence[str], tag: str) -> str:
+    """How a generated `tag` (e.g. <tool_call>) came: "token" when its own id is among `ids`,
+    "pieces" when the decoded `pieces` (one per id) spell it only across several tokens,
+    "absent" otherwise."""
+    if tag_id in ids:
+        return "token"
+    return "pieces" if tag in "".join(pieces) else "absent"
+
+
 def completion_stream_text(chunks: Iterable[Mapping[str, Any]]) -> tuple[str, str | None]:
     """(text, last finish_reason) of a /v1/completions stream."""
     text, finish = [], None
