@@ -54,13 +54,15 @@ MIN_PREFILL_STEPS = GDN_LAYERS_TINY * (1 + 2 + 16)
 # Decode steps on the device: p100, p4k and p32k each decode 63 steps alone (fewer with MTP,
 # which takes up to 4 tokens a step)
 MIN_DECODE_STEPS = {"none": GDN_LAYERS_TINY * 3 * 63, "mtp3": GDN_LAYERS_TINY * 3 * 16}
-# The largest |logprob difference| on agreeing tokens. float32 state: run_stack's bound (our
-# prefill and decode against FLA's, the int8 GEMV against cuBLAS: rounding only). int16:
-# twice that; the store rounds every state row to 1/32767 of its largest entry each step
-# (the drift job bounds the state's relative error at 2e-3 over 250,000 tokens), which on
-# a 64-token greedy run moves log-probs by far less, so 0.2 still catches a wrong scale or
-# slot (those move them by nats) while admitting the extra rounding.
-MAX_DLOGPROB = {"float32": 0.1, "int16": 0.2}
+# The largest |logprob difference| on agreeing tokens. Rounding alone (our int8 GEMV against
+# cuBLAS on the exact fp16 copy, our GDN ops against FLA) moved this tiny model's log-probs by
+# up to 0.11 in earlier H200 A/Bs of prompts up to 3,000 tokens (stock against itself, graphs
+# against eager: 0.03), and a 32K prompt carries ten times the context; a wrong slot, a lost
+# initial state or a shifted row moves them by nats (the speculation bugs measured 0.6-4.9).
+# float32 state: 0.25. int16: each store rounds every state row to 1/32767 of its largest
+# entry (the drift test holds the state's relative error near 3e-4, under its 2e-3 bound), a
+# small addition to the rounding above, so 0.3.
+MAX_DLOGPROB = {"float32": 0.25, "int16": 0.3}
 MARGIN_S = 20  # stop this long before the budget to write what we have
 
 
