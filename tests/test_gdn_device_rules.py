@@ -62,6 +62,7 @@ def ours_side(prefill: int = 60, decode: int = 600, spec: int = 0,
         "gdn_device_calls": {"sm70:decode": decode, "sm70:spec": spec},
         "gdn_calls": {"sm70:decode": 40, "sm70:prefill": prefill, "stock:no_metadata": 2},
         "gdn_calls_at_start": {"stock:no_metadata": 2},
+        "gdn_prefill_ops": {"chunk_two_pass": prefill, "decode_rows": 5, "mtp_rows": 0},
         "phases": {},
     }
     side.update(kw)
@@ -74,6 +75,7 @@ def test_ours_ran_accepts_a_side_whose_prefill_and_decode_ran_our_ops() -> None:
     # MTP: fewer steps, some of them verification rows (and prefill + MTP steps)
     mtp = ours_side(prefill=0, decode=100, spec=100)
     mtp["gdn_calls"]["sm70:prefill+spec"] = 70
+    mtp["gdn_prefill_ops"] = {"chunk_two_pass": 70, "decode_rows": 0, "mtp_rows": 90}
     assert device.ours_ran(mtp, "float32", "mtp3")["ok"]
     assert not device.ours_ran(ours_side(decode=200), "float32", "mtp3")["ok"]  # no MTP row
 
@@ -85,6 +87,7 @@ def test_ours_ran_accepts_a_side_whose_prefill_and_decode_ran_our_ops() -> None:
     (ours_side(gdn_calls_at_start={"sm70:prefill": 30}), "prefill steps on our ops"),
     (ours_side(decode=0), "ran 0 times"),  # a silent decode fallback
     (ours_side(gdn_prefill_mode="fla"), "prefill mode"),
+    (ours_side(gdn_prefill_ops={"chunk_one_pass": 60}), "two-pass"),
     (ours_side(gdn_layer_classes={"vllm.QwenGatedDeltaNetAttention": 3}), "GDN layer classes"),
     (ours_side(gdn_unsupported={"layers.0": "why"}), "refused"),
 ])

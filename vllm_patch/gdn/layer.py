@@ -50,6 +50,8 @@ from vllm_patch.ops import kernels
 from vllm_patch.ops.loader import load_ops
 
 CALLS: dict[str, int] = {}
+# per prefill step on our ops: which chunk op ran, and the decode / MTP rows it carried
+PREFILL_OPS: dict[str, int] = {}
 REASONS: dict[str, str] = {}  # layer prefix -> why our ops do not run it
 # prefill steps run eagerly (vLLM captures only decode batches), so CALLS counts each one;
 # the device slots are for the decode kinds a CUDA graph replays without Python
@@ -66,6 +68,11 @@ def count_on_device(on: bool) -> None:
     """Also count our steps with a device-side add (seen by CUDA-graph replays)."""
     global _count_on_device
     _count_on_device = on
+
+
+def _count(table: dict[str, int], key: str, n: int = 1) -> None:
+    with _lock:
+        table[key] = table.get(key, 0) + n
 
 
 def set_prefill(prefill: str) -> None:
@@ -247,6 +254,9 @@ class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
         else:
             x_ns, a_ns, b_ns = mixed_qkv, a, b
         d = plan.num_decodes
+        _count(PREFILL_OPS, "chunk_two_pass" if plan.two_pass else "chunk_one_pass")
+        _count(PREFILL_OPS, "decode_rows", d)
+        _count(PREFILL_OPS, "mtp_rows", plan.num_spec)
         qsl = meta.non_spec_query_start_loc
         idx = meta.non_spec_state_indices_tensor
         if d:

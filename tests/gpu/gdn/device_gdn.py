@@ -109,8 +109,11 @@ def ours_ran(side: dict[str, Any], state_dtype: str, spec: str) -> dict[str, Any
                         f"{MIN_DECODE_STEPS[spec]}")
     if spec != "none" and not device.get("sm70:spec"):
         problems.append("no MTP verification step ran on our decode op")
+    ops = side.get("gdn_prefill_ops") or {}
+    if not ops.get("chunk_two_pass"):  # vLLM's FLA-backed builder always has the table
+        problems.append(f"no prefill step ran the two-pass chunk op: {ops}")
     return {"ok": not problems, "problems": problems, "prefill_steps": prefill,
-            "calls": calls, "device_calls": device, "classes": classes}
+            "prefill_ops": ops, "calls": calls, "device_calls": device, "classes": classes}
 
 
 def ab_verdict(sides: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -14,7 +14,8 @@ prefilled: steps of decode and prefill rows together) and its prefix batches (pr
 shared around one and two attention blocks; served from the cache with --prefix-caching).
 The "ours" side counts our steps on the device (`layer.count_on_device`), so CUDA-graph
 replays count too; the JSON has those counts, the Python-side route counts (`layer.CALLS`:
-prefill steps run eagerly, so each one is counted there), the plugin's report and the class
+prefill steps run eagerly, so each one is counted there), which chunk op each prefill step
+ran and the decode / MTP rows it carried (`layer.PREFILL_OPS`), the plugin's report and the class
 of every GDN layer the model built.
 """
 
@@ -115,6 +116,7 @@ def main() -> int:
     def counts() -> None:
         if layer is not None:
             res["gdn_calls"] = dict(layer.CALLS)
+            res["gdn_prefill_ops"] = dict(layer.PREFILL_OPS)
             res["gdn_device_calls"] = layer.device_counts()
             res["gdn_unsupported"] = dict(layer.REASONS)
             res["gdn_prefill_mode"] = layer.prefill_mode()
