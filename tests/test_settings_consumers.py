@@ -582,3 +582,14 @@ def test_env_check_says_which_set_variables_nothing_reads_yet() -> None:
     text = CliRunner().invoke(app, ["env", "check"], env=env)
     assert f"{idle.name} is set but not consumed yet" in text.output
     assert f"{used.name} is set but" not in text.output
+
+
+def test_sm70_chunk_changes_what_the_gdn_layer_is_registered_with() -> None:
+    """SM70_GDN_KERNEL's third choice: the same layer as sm70, its prefill on our ops."""
+    def registered(kernel: str) -> str:
+        return _registered_gdn_layer(_plugin_config(load_settings(
+            environ={"SM70_GDN_KERNEL": kernel, "SM70_GDN_STATE_DTYPE": "float32"})))
+
+    assert registered("sm70").endswith("prefill on fla")
+    assert registered("sm70_chunk").endswith("prefill on sm70")
+    assert registered("triton").startswith("off")
