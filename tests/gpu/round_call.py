@@ -96,6 +96,9 @@ def jobs(py: str) -> list[Job]:
         # which of speculation, prefix caching and our stack loses tokens (issue 24 item 2)
         script("tests/gpu/serving/device_spec_diag.py", "spec_diag", {"ops", "tiny", "warm"},
                0.16),
+        # the n-gram loss that remains after R7 / R8, traced step by step inside the engine
+        script("tests/gpu/serving/device_spec_trace.py", "spec_trace", {"ops", "tiny", "warm"},
+               0.08),
         # the real-shape slice A/B with the decode / prefill bench and the CUPTI op split;
         # it needs no warm-up engine (its own shapes), so it starts as soon as its
         # checkpoint exists
