@@ -105,7 +105,9 @@ def test_request_steps_follow_one_request() -> None:
     other = tr.request_steps(STEPS, "8")
     assert [v["g0"] for v in other] == [1, 2, 3] and other[2]["spec_row"] is True
     assert not other[2]["settled"]
-    # "7" must not take "71-..." nor an unknown id anything
+    # "7" must not take "71-...", nor an unknown id anything
+    other_request = [step(0, [row("71-abcd1234", 10, 1, [5])])]
+    assert tr.request_steps(other_request, "7") == []
     assert tr.request_steps(STEPS, "71") == [] and tr.request_steps(STEPS, None) == []
 
 
@@ -139,7 +141,7 @@ def plain_view() -> list[dict[str, Any]]:
 
 def test_compare_finds_the_onset_before_the_flip() -> None:
     ref = traced(REF_TOKENS, [-0.1] * 6)
-    ref["top"][5] = [[105, -0.1], [777, -0.46]]  # a 0.36 margin at the flip
+    ref["top"][5] = [[105, -0.1], [777, -0.46], [5, -3.0]]  # a 0.36 margin at the flip
     # ON: same tokens up to 4, token 3 already 0.1 off, then 777 where O0 took 105
     sut = traced([100, 101, 102, 103, 104, 777], [-0.1, -0.11, -0.12, -0.2, -0.3, -0.2])
     sut["top"][5] = [[777, -0.2], [105, -0.3]]
@@ -339,8 +341,8 @@ def test_driver_against_the_stand_in_vllm(tmp_path: Path) -> None:
     assert s["passed"] is False and p.returncode == 1, log
     assert s["reproduced"] is False and s["target_phase"] == "prefix_2b_minus1", log
     assert s["errors"] == {} and s["unequal"] == [], log
-    block = s["block_size"]
-    plan = tr.trace_plan(block)
+    assert s["plan_block_size"] == 528 and s["block_sizes"] == {"O0": 16, "ON": 16}, log
+    plan = tr.trace_plan(528)
     want = sum(len(tr.flat_requests(subs)) for subs in plan["phases"].values()) + 4
     assert s["requests"] == want, log  # stage 1 as planned, then the 4 stage-2 phases
     trace = json.loads((tmp_path / "out" / "trace.json").read_text())

@@ -3,8 +3,8 @@
 After R7 and R8 one loss remains (tests/gpu/results/h200_spec_diag_fixed.json, and the same
 token in stock vLLM 0.22.1 with and without prefix caching, h200_spec_diag.json): phase
 `prefix_2b_minus1`, request 2, generated token 34, a 0.36-nat reference margin. This job
-replays that phase exactly as device_spec_diag.py builds it (spec_cases.stage1_plan from the
-block size vLLM reports, the diag's O0 / ON engine keyword arguments) on two engines, each
+replays that phase exactly as device_spec_diag.py built it (spec_cases.stage1_plan at the
+diag runs' block size, the diag's O0 / ON engine keyword arguments) on two engines, each
 in its own process (GPU machine, lead's round call):
 
     python3 tests/gpu/serving/device_spec_trace.py --out $OUT_DIR --budget-s N
@@ -58,6 +58,7 @@ from device_io import (  # noqa: E402
     fresh_plan_dir,
     launch,
     log,
+    read_engines,
     snapshot,
     stop,
     summary_writer,
@@ -74,12 +75,17 @@ TARGET_REQUEST = 2
 FRESH = "@fresh"
 ALONE = "@alone"
 TOP_N = 5
-# The matched tokens' log-probs of the diag run agreed within 0.026 (fp16 / int8 rounding
-# between a 1-row and a 4-row step); a gap twice that marks where a real divergence starts.
+# fp16 / int8 rounding between a 1-row and a 4-row step moves a matched token's log-prob by
+# a few hundredths of a nat; a larger gap marks where a real divergence starts.
 DEV_DLOGPROB = 0.05
 TRACE_TOKENS = 40  # tokens of the target request shown per index in the summary
 WINDOW_BEFORE = 3  # steps of events shown before the onset's step
 ENGINES = ("O0", "ON")
+# The block size both diag runs planned with (h200_spec_diag*.json `block_size`; vLLM gives
+# this model 528 with and without prefix caching or speculation, h200_spec_prefix.json):
+# the plan is built from it, not from this run's report, so the prompts are the diag's.
+DIAG_BLOCK = 528
+SNAPSHOT_S = 30
 REFERENCE, SPECULATIVE = ENGINES
 
 
@@ -660,6 +666,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                "target_request": [TARGET_PHASE, TARGET_REQUEST],
                                "dev_dlogprob": DEV_DLOGPROB, "engine_kwargs": configs}
     flush = summary_writer(out / "summary.json", summary, t0)
+    stage1 = trace_plan(DIAG_BLOCK)
+    atomic_write(plan_dir / "stage1.json", stage1)
+    summary["plan_block_size"] = DIAG_BLOCK
     flush()
     procs, files = launch(
         configs, work,
@@ -670,8 +679,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         lambda name: side_env("ours", {"VLLM_CACHE_ROOT": f"/tmp/vc_trace_{name}"}),
         start)
     engines: dict[str, dict[str, Any]] = {}
-    stage1: dict[str, Any] | None = None
     stage2: dict[str, Any] | None = None
+    last_snapshot = 0.0
 
     def judge() -> None:
         try:
@@ -682,20 +691,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary["judge_error"] = f"{type(exc).__name__}: {exc}"
 
     def tick() -> None:
-        nonlocal stage1, stage2
-        snapshot(out, work, files, engines)
-        if stage1 is None:
-            got = rules.first_block_size(engines, ENGINES)
-            if got:
-                try:
-                    stage1 = trace_plan(int(got[1]))
-                except (TraceError, sc.CaseError) as exc:
-                    stage1 = {"error": str(exc)}
-                    summary["plan_error"] = str(exc)
-                else:
-                    atomic_write(plan_dir / "stage1.json", stage1)
-                summary["block_size"] = got[1]
-        if stage1 is not None and "phases" in stage1 and stage2 is None:
+        nonlocal stage2, last_snapshot
+        if time.time() - last_snapshot > SNAPSHOT_S:  # engines.json is megabytes
+            snapshot(out, work, files, engines)
+            last_snapshot = time.time()
+        else:
+            read_engines(files, engines)
+        if stage2 is None:
             seed = rules.seed_source(engines, (REFERENCE,))
             if seed:
                 try:
@@ -706,6 +708,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     summary["plan_error"] = str(exc)
                 else:
                     atomic_write(plan_dir / "stage2.json", stage2)
+        summary["block_sizes"] = {n: ((engines.get(n) or {}).get("engine") or {}).get(
+            "block_size") for n in ENGINES}
         summary["progress"] = rules.progress(engines, ENGINES, count_key="phases")
         summary["probe"] = {n: {k: (engines.get(n) or {}).get(k)
                                 for k in ("probe", "probe_steps", "probe_errors", "settled")}
