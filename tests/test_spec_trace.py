@@ -98,6 +98,7 @@ def test_request_steps_follow_one_request() -> None:
     assert [v["g0"] for v in view] == [None, 0, 1, 2, 5]
     assert [v["emitted"] for v in view] == [[], [100], [101], [102, 103, 104], [105]]
     assert [v["drafts"] for v in view] == [0, 0, 0, 3, 0]
+    assert [v["accepted"] for v in view] == [0, 0, 0, 2, 0]
     assert [v["spec_row"] for v in view] == [False, False, False, True, False]
     assert view[4]["acc_in"] == 3 and view[4]["acc_used"] == 1 and view[4]["settled"]
     assert not view[3]["settled"] and view[3]["acc_in"] is None
@@ -221,6 +222,16 @@ def test_analyse_picks_the_target_and_lists_unequal_requests() -> None:
         e["events"] = {}
     s2 = tr.summary_part(tr.analyse(bare))
     assert s2["passed"] is False and s2["reproduced"] is False
+    # only the fresh replay lost it: that one is the target
+    fresh = engines_for(REF_TOKENS)
+    for name, tokens in (("O0", REF_TOKENS), ("ON", [100, 101, 102, 103, 104, 777])):
+        rows = [traced(REF_TOKENS, [-0.1] * 6) for _ in range(3)]
+        rows[2] = dict(traced(tokens, [-0.1] * 6), request_id="7")
+        fresh[name]["phases"]["prefix_2b_minus1@fresh"] = rows
+        fresh[name]["events"]["prefix_2b_minus1@fresh"] = STEPS
+    a3 = tr.analyse(fresh)
+    assert a3["target_phase"] == "prefix_2b_minus1@fresh" and a3["target"]["flip"] == 5
+    assert tr.summary_part(a3)["reproduced"] is True
 
 
 # --- the probe on stand-in runner objects -----------------------------------------------------

@@ -150,6 +150,7 @@ def request_steps(steps: Sequence[Mapping[str, Any]], request_id: str | None
 
     `g0`: the index of the first generated token the step emits (None: a prefill chunk that
     emits nothing); `emitted`: its tokens; `drafts`: draft tokens scheduled; `acc_in` /
+    `accepted`: drafts accepted (the step emits those and one more); `acc_in` /
     `acc_used`: the accepted count (tokens the previous step emitted) as vLLM synchronised
     it and as the step used it after R7; `settled`: R7 moved the row's state; `spec_row`:
     the GDN metadata put the row on the speculative path."""
@@ -179,6 +180,7 @@ def request_steps(steps: Sequence[Mapping[str, Any]], request_id: str | None
         out.append({
             "step": st["i"], "g0": g0, "emitted": emitted, "sched": sched,
             "drafts": 0 if drafts is None else len(drafts), "draft_ids": drafts,
+            "accepted": len(emitted) - 1 if drafts and emitted else 0,
             "acc_in": None if not r7 else r7["acc"][row],
             "acc_used": (st.get("acc") or [None] * len(rids))[row],
             "settled": bool(r7) and rids[row] in r7["rows"],
@@ -366,11 +368,13 @@ def analyse(engines: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                 out["unequal"].append({"phase": phase, "request": i, "flip": c["flip"],
                                        "onset": c["onset"], "ref_margin": c["ref_margin"],
                                        "at_onset": c["at_onset"], "hypothesis": hypothesis(c)})
-    # The diag's own replay (after the same history) when it ran, else the fresh one.
-    for phase in (TARGET_PHASE, TARGET_PHASE + FRESH):
-        if phase in variants:
-            out["target"], out["target_phase"] = variants[phase], phase
-            break
+    # The diag's own replay (after the same history) unless only the fresh one lost the
+    # token; either when the other did not run.
+    order = [p for p in (TARGET_PHASE, TARGET_PHASE + FRESH) if p in variants]
+    lost = [p for p in order if not variants[p]["equal"]]
+    if order:
+        pick = (lost or order)[0]
+        out["target"], out["target_phase"] = variants[pick], pick
     out["variants"] = {k: compact(v) for k, v in variants.items()}
     return out
 
@@ -430,7 +434,7 @@ class StepProbe:
         self.cur = {"i": self.count, "rids": rids,
                     "computed": [int(x) for x in _as_list(batch.num_computed_tokens_cpu)[:n]],
                     "prompt": [int(x) for x in _as_list(batch.num_prompt_tokens)[:n]],
-                    "sched": [int(so.num_scheduled_tokens[r]) for r in rids],
+                    "sched": [int(so.num_scheduled_tokens.get(r, 0)) for r in rids],
                     "draft_ids": [None if r not in spec else [int(t) for t in spec[r]]
                                   for r in rids],
                     "r7": None, "gdn": [], "cg": None, "out": None}
