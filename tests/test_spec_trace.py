@@ -361,3 +361,73 @@ def test_driver_against_the_stand_in_vllm(tmp_path: Path) -> None:
     assert len(trace["ON"]["row"]["top"]) == 64
     kw = json.loads((tmp_path / "work" / "ON_kwargs.json").read_text())
     assert kw["speculative_config"]["method"] == "ngram" and not kw["enable_prefix_caching"]
+
+
+# --- the surface the probe wraps, on vLLM 0.22.1's own tree -----------------------------------
+
+SURFACE_PROBE = '''
+import inspect, json, os, sys
+os.environ["TORCHDYNAMO_DISABLE"] = "1"
+from vllm import SamplingParams
+from vllm.outputs import RequestOutput
+from vllm.v1.attention.backends import gdn_attn
+from vllm.v1.engine.input_processor import InputProcessor
+from vllm.v1.worker import gpu_input_batch, gpu_model_runner
+from vllm_patch.spec_decode import accepted_state
+
+R = gpu_model_runner.GPUModelRunner
+src = inspect.getsource(R)
+params = {n: list(inspect.signature(getattr(R, n)).parameters) for n in (
+    "_prepare_inputs", "_determine_batch_execution_and_padding",
+    "_update_states_after_model_execute")}
+sp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=2,
+                    detokenize=False)
+sp.logprobs = 5
+batch_src = inspect.getsource(gpu_input_batch.InputBatch)
+out = {
+    "params": params,
+    "mode_returns": str(inspect.signature(
+        R._determine_batch_execution_and_padding).return_annotation),
+    "calls": {c: src.count(c) for c in (
+        "self._prepare_inputs(", "self._update_states_after_model_execute(",
+        "sampler_output.sampled_token_ids, scheduler_output",
+        "num_decode_draft_tokens_cpu=self.num_decode_draft_tokens.cpu")},
+    "build": list(inspect.signature(gdn_attn.GDNAttentionMetadataBuilder.build).parameters),
+    "meta": [f for f in ("num_prefills", "num_decodes", "num_spec_decodes",
+                         "num_accepted_tokens")
+             if f in gdn_attn.GDNAttentionMetadata.__dataclass_fields__],
+    "batch": [a for a in ("self.num_computed_tokens_cpu =", "self.num_prompt_tokens =",
+                          "self.num_accepted_tokens_cpu =", "def req_ids", "def num_reqs")
+              if a in batch_src],
+    "logprobs": sp.logprobs,
+    "output_request_id": "request_id" in inspect.signature(RequestOutput).parameters,
+    "internal_id": 'f"{request.external_req_id}-{' in inspect.getsource(
+        InputProcessor.assign_request_id),
+    "settle_looks_up": "rows_to_settle" in accepted_state.settle.__code__.co_names,
+}
+json.dump(out, open(sys.argv[2], "w"))
+'''
+
+
+def test_the_wrapped_surface_is_vllm_0_22_1s(tmp_path: Path) -> None:
+    """What the probe wraps and reads exists in vLLM 0.22.1 as the probe calls it (a drift
+    would leave the GPU run without events, found only after the call)."""
+    from vllm_cpu_tree import require_tree, run_probe
+
+    require_tree()
+    script = tmp_path / "surface_probe.py"
+    script.write_text(SURFACE_PROBE)
+    got, log = run_probe(script, {}, tmp_path)
+    assert got["params"] == {
+        "_prepare_inputs": ["self", "scheduler_output", "num_scheduled_tokens"],
+        "_determine_batch_execution_and_padding": got["params"][
+            "_determine_batch_execution_and_padding"],
+        "_update_states_after_model_execute": ["self", "output_token_ids",
+                                               "scheduler_output"]}, log
+    assert got["mode_returns"].startswith("tuple[vllm.config.compilation.CUDAGraphMode, "
+                                          "vllm.forward_context.BatchDescriptor"), log
+    assert all(n == 1 for n in got["calls"].values()), got["calls"]
+    assert "num_decode_draft_tokens_cpu" in got["build"]
+    assert len(got["meta"]) == 4 and len(got["batch"]) == 5
+    assert got["logprobs"] == 5 and got["output_request_id"] and got["internal_id"]
+    assert got["settle_looks_up"]
