@@ -192,6 +192,8 @@ def test_hypothesis_names_the_case(j: int, spec_row: bool | None, settled: bool,
                                    phrase: str) -> None:
     h = tr.hypothesis(located(j, spec_row, settled, prev))
     assert phrase in h and "token 34 flips (ref margin 0.36)" in h and "\n" not in h
+    # the batch drafts (1 spec row): a row off the speculative path ran as a prefill
+    assert ("one-token prefill beside drafting rows" in h) == (spec_row is False)
 
 
 def engines_for(sut_tokens: list[int]) -> dict[str, Any]:

@@ -315,7 +315,7 @@ def hypothesis(c: Mapping[str, Any] | None) -> str:
     prev_n = None if prev is None else len(prev["emitted"])
     facts = (f"{head}, emitted at position {j} of {_path(st)}; the step before emitted "
              f"{prev_n} tokens (acc synced {st['acc_in']}, used {st['acc_used']}, "
-             f"R7 settled: {st['settled']}); O0 ran it in {_path(loc['ref_step'])}")
+             f"R7 settled: {st['settled']}); O0: {_path(loc['ref_step'])}")
     if st["spec_row"] is None and not j:
         cause = ("the step's GDN path is unknown (the metadata probe recorded nothing); "
                  "read acc_in / acc_used / settled")
@@ -336,6 +336,11 @@ def hypothesis(c: Mapping[str, Any] | None) -> str:
     else:
         cause = ("no acceptance right before it: the state comes from a one-token step; a "
                  "kernel-path / batch-composition difference (see the window's paths)")
+    gdn = st.get("gdn")
+    if st["spec_row"] is False and gdn is not None and gdn[2] > 0:
+        # gdn_attn.py: with any row drafting, vLLM runs the non-drafting decodes through
+        # the prefill kernels as one-token prefills
+        cause += "; the row ran as a one-token prefill beside drafting rows"
     return f"{facts}: {cause}"
 
 
