@@ -102,6 +102,9 @@ class SpecConfig:
     # R8 (spec_decode/prefix_state.py): vLLM 0.22.1 reports MTP prefix hits on hybrid models
     # that full attention does not cover; false only to reproduce that bug
     exact_prefix_hits: bool = True
+    # R10 (gdn/spec_gates.py): vLLM 0.22.1 hands the speculative rows of a mixed GDN step
+    # the gates of the batch's first tokens; false only to reproduce that bug
+    gather_spec_gates: bool = True
     ngram_min: int = 2
     ngram_max: int = 8
 

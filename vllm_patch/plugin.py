@@ -69,6 +69,7 @@ def register() -> dict[str, Any]:
         report["settle_accepted_state"] = _install_settle_accepted_state(config)
         report["exact_prefix_hits"] = _install_exact_prefix_hits(config)
         report["tool_call_split_tag"] = _install_split_start_tag()
+        report["spec_gates"] = _install_spec_gates(config)
         _state.update(report)
         logger.info("sm70 plugin registered: custom ops %s, attention backend %s, "
                     "quantization %s", report["custom_ops"], report["attention_backend"],
@@ -217,6 +218,19 @@ def _install_exact_prefix_hits(config: Any) -> str:
     from vllm_patch.spec_decode import prefix_state
 
     return prefix_state.install_when_imported()
+
+
+def _install_spec_gates(config: Any) -> str:
+    """R10 of runtime_patches/README.md: the gates of the speculative rows of a mixed GDN
+    step (acts only on calls whose gates and queries differ in rows: steps mixing requests
+    with and without drafts, or drafts and prefill chunks)."""
+    if not config.spec.gather_spec_gates:
+        return "off (spec.gather_spec_gates is false)"
+    if importlib.util.find_spec("vllm") is None:
+        return "absent (vLLM not installed)"
+    from vllm_patch.gdn import spec_gates
+
+    return spec_gates.install_when_imported()
 
 
 def _install_split_start_tag() -> str:

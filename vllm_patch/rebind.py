@@ -82,7 +82,7 @@ def defer(module: str, mark: str, run: Callable[[], None]) -> None:
 @dataclass(frozen=True)
 class Target:
     module: str
-    owner: str  # the class in `module`
+    owner: str  # the class in `module`; "" for a function of the module itself
     attr: str
     version: str
     params: tuple[str, ...]
@@ -91,7 +91,7 @@ class Target:
 
     @property
     def path(self) -> str:
-        return f"{self.module}.{self.owner}.{self.attr}"
+        return ".".join(p for p in (self.module, self.owner, self.attr) if p)
 
 
 def check(target: Target, func: Any, version: str,
@@ -127,7 +127,8 @@ class Installer:
     def install(self) -> str:
         import vllm
 
-        owner = getattr(importlib.import_module(self.target.module), self.target.owner)
+        module = importlib.import_module(self.target.module)
+        owner = getattr(module, self.target.owner) if self.target.owner else module
         current = owner.__dict__.get(self.target.attr)
         if getattr(current, self.target.mark, False):
             return "wrapped (already installed)"
