@@ -31,10 +31,12 @@ log-prob differs by more than DEV_DLOGPROB (the divergence usually starts before
 the step and position in it that produced each, and the speculation events around them.
 
 Written to $OUT_DIR: summary.json (`passed`: the target request was traced on both engines
-with the probe's events; `reproduced`, the events around the first deviation, and a
-one-line `hypothesis`), trace.json (the target request's per-token trace on both engines
-and ON's step events: the file to keep, as tests/gpu/results/h200_spec_trace.json),
-engines.json (every row and event) and logs.txt.
+with the probe's events, whatever its tokens; `reproduced`: ON lost the token again; the
+events around the first deviation; a one-line `hypothesis`; every other unequal request
+with its own), trace.json (the target request's per-token trace with both top-5 lists and
+both engines' step events), engines.json (every row and event) and logs.txt. To keep:
+summary.json as tests/gpu/results/h200_spec_trace.json, trace.json as
+h200_spec_trace_request.json.
 """
 
 from __future__ import annotations
