@@ -96,6 +96,10 @@ def jobs(py: str) -> list[Job]:
         # which of speculation, prefix caching and our stack loses tokens (issue 24 item 2)
         script("tests/gpu/serving/device_spec_diag.py", "spec_diag", {"ops", "tiny", "warm"},
                0.16),
+        # R10's proof: n-gram with it (ON, OA) and without it (ONg) against plain decoding
+        Job("spec_gates", [py, str(ROOT / "tests/gpu/serving/device_spec_diag.py"), "--only",
+                           "O0,ON,ONg,OA", "--work", "/tmp/spec_gates"],
+            {"ops", "tiny", "warm"}, 0.12),
         # the n-gram loss that remains after R7 / R8, traced step by step inside the engine
         script("tests/gpu/serving/device_spec_trace.py", "spec_trace", {"ops", "tiny", "warm"},
                0.08),

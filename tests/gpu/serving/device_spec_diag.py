@@ -61,6 +61,8 @@ MATRIX: dict[str, tuple[str, str, bool, str | None, dict[str, Any] | None]] = {
     "OM": ("ours", "int8", True, "mtp", None),
     # R7 off: the same engine as ON with vLLM's stale-state read left in
     "ONx": ("ours", "int8", False, "ngram", {"spec": {"settle_accepted_state": False}}),
+    # R10 off: the same engine as ON with vLLM's ungathered gates of mixed speculative steps
+    "ONg": ("ours", "int8", False, "ngram", {"spec": {"gather_spec_gates": False}}),
     "S0": ("stock", "fp16", False, None, None),
     "SN": ("stock", "fp16", False, "ngram", None),
     "SA": ("stock", "fp16", True, "ngram", None),

@@ -76,11 +76,14 @@ def _drafter_summary(worker: Any) -> dict[str, Any] | None:
 
 
 def _settled(worker: Any) -> Any:
+    from vllm_patch.gdn import spec_gates
     from vllm_patch.spec_decode import accepted_state
 
     runner = getattr(worker, "model_runner", None)
     return {"counts": (runner.__dict__.get(accepted_state.COUNTS_ATTR) if runner else None),
-            "install": accepted_state.outcome()}
+            "install": accepted_state.outcome(),
+            # R10 in the same process: mixed speculative GDN calls whose gates it gathered
+            "spec_gates": {"counts": dict(spec_gates.COUNTS), "install": spec_gates.outcome()}}
 
 
 def engine_facts(llm: Any) -> dict[str, Any]:
