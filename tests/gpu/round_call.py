@@ -115,12 +115,17 @@ def jobs(py: str) -> list[Job]:
                             f"{py} {ROOT}/bench/profile_vllm_ops.py $OUT/sides_slice.json "
                             "--out $OUT/h200_vllm_op_split.json"],
             {"ops", "slice"}, 0.5, own_args=True),
-        # the same slice with our side on the plugin's attention backend (SM70_PAGED: our KV
-        # write and paged decode, Triton prefill): the real-shape run that gates its default
+        # the same slice with our side on the whole stack: the plugin's attention backend
+        # (SM70_PAGED: our KV write and paged decode, Triton prefill) and our GDN layer with
+        # the chunked prefill on float32 state (SM70_GDN_KERNEL=sm70_chunk): the real-shape
+        # run that gates their defaults
         Job("slice_paged", ["bash", "-c", f"{py} {AB}/run_ab.py --shape slice --out $OUT "
                             "--budget-s 470 --modes graphs --side-args '--max-len 33792 "
                             "--max-batched 2048 --kv-gib 8 --util 0.25 --bench --quick-bench "
-                            "--phases single,batch16' --ours-args '--attention-backend CUSTOM' ; "
+                            "--phases single,batch16' --ours-args '--attention-backend CUSTOM "
+                            "--plugin-config {\"gdn\":{\"decode_layer\":true,"
+                            "\"kernel\":\"sm70\",\"prefill\":\"sm70\","
+                            "\"state_dtype\":\"float32\"}}' ; "
                             f"{py} {ROOT}/bench/bench_vllm_decode.py $OUT/sides_slice.json "
                             "--out $OUT/h200_vllm_decode_paged.json"],
             {"ops", "slice"}, 0.5, own_args=True),
