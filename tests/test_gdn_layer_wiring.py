@@ -83,3 +83,12 @@ def test_each_prefill_step_runs_the_ops_the_routing_names(result: dict) -> None:
         assert result[step]["tables_ok"] == [True], step
     assert result["mixed"]["calls"] == {"sm70:prefill": 1}
     assert result["mixed_spec"]["calls"] == {"sm70:prefill+spec": 1}
+
+
+def test_the_int16_layer_survives_vllms_prefill_warm_up(result: dict) -> None:
+    # vLLM 0.22.1's profile run unpacks (conv, temporal) from get_state_dtype: the int16
+    # layer's triple killed the H200 start-up; during the warm-up it shows the float32 of
+    # its prefill scratch, and afterwards its pool's triple again
+    w = result["int16_warmup"]
+    assert w.get("state_dtype") == "torch.float32", w
+    assert w["after"][1:] == ["torch.int16", "torch.float32"], w

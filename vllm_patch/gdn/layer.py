@@ -295,13 +295,27 @@ class Sm70GatedDeltaNetInt16(Sm70GatedDeltaNet):
     """Sm70GatedDeltaNet on an int16 pool: codes plus float32 row scales (int16_pool.py)."""
 
     sm70_refuses_unsupported = True
+    _sm70_float32_view = False  # set while vLLM's prefill warm-up runs (below)
 
     def get_state_dtype(self) -> tuple[torch.dtype, ...]:
         conv, temporal = super().get_state_dtype()
         problem = int16_pool.base_dtype_problem(_dtype_name(temporal))
         if problem is not None:
             raise ValueError(problem)
+        if self._sm70_float32_view:
+            return conv, torch.float32
         return conv, torch.int16, torch.float32
+
+    def _warmup_prefill_kernels(self, qkv_or_qkvz: torch.Tensor, v_dim: int) -> None:
+        # vLLM's warm-up (the profile run, no metadata) unpacks (conv, temporal) from
+        # get_state_dtype to make a dummy state for the FLA chunk kernel; every prefill of
+        # this layer runs on a float32 scratch of the int16 pool, so float32 is the dtype
+        # that warms the kernels the layer will use (the H200 start-up failed on the triple)
+        self._sm70_float32_view = True
+        try:
+            super()._warmup_prefill_kernels(qkv_or_qkvz, v_dim)
+        finally:
+            self._sm70_float32_view = False
 
     def get_state_shape(self) -> tuple[tuple[int, ...], ...]:
         conv, temporal = super().get_state_shape()

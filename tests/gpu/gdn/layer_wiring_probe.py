@@ -296,6 +296,38 @@ def run_prefill_step(layer_mod: Any, ref: Any, gdn_attn: Any, reqs: list[Req], t
     }
 
 
+def run_int16_warmup(layer_mod: Any) -> dict[str, Any]:
+    """vLLM's prefill warm-up (its profile run) on the int16 layer: the dtypes vLLM's own
+    `_warmup_prefill_kernels` reads from get_state_dtype (it unpacks two), FLA's kernels
+    left out, and what the layer declares afterwards (three: codes and scales)."""
+    import types
+
+    layer = make_layer(layer_mod, torch.Generator().manual_seed(9))
+    layer.__class__ = layer_mod.Sm70GatedDeltaNetInt16
+    # what vLLM's get_state_dtype reads (the launch's fp16 model, float32 base state)
+    layer.model_config = types.SimpleNamespace(dtype=torch.float16)
+    layer.cache_config = types.SimpleNamespace(mamba_cache_dtype="auto",
+                                               mamba_ssm_cache_dtype="float32")
+    base = layer_mod.Sm70GatedDeltaNet.__mro__[1]  # vLLM's QwenGatedDeltaNetAttention
+    seen: dict[str, Any] = {}
+    real = base._warmup_prefill_kernels
+
+    def warmup(self: Any, qkv: Any, v_dim: int) -> None:
+        try:
+            _, state_dtype = self.get_state_dtype()  # the unpacking 0.22.1's warm-up does
+            seen["state_dtype"] = str(state_dtype)
+        except ValueError as exc:
+            seen["error"] = str(exc)
+
+    base._warmup_prefill_kernels = warmup
+    try:
+        layer._warmup_prefill_kernels(torch.zeros(4, 8), 0)
+    finally:
+        base._warmup_prefill_kernels = real
+    seen["after"] = [str(d) for d in layer.get_state_dtype()]
+    return seen
+
+
 def run_prefill_step_int16(layer_mod: Any, ref: Any, gdn_attn: Any, reqs: list[Req],
                            seed: int, ops: list[str]) -> dict[str, Any]:
     """The int16 pool's layer on the same step: our prefill ops on a float32 copy of the
@@ -412,6 +444,7 @@ def main() -> int:
                 result[name]["tables_ok"] = tables[n_tables:]
             result["mixed_int16"] = run_prefill_step_int16(layer_mod, ref, gdn_attn, MIXED, 8,
                                                            ops)
+            result["int16_warmup"] = run_int16_warmup(layer_mod)
         finally:
             layer_mod.set_prefill("fla")
     except Exception as exc:
