@@ -176,3 +176,12 @@ def test_the_side_prompts_fit_the_engine() -> None:
     assert len(lens["batch16"]) == 16 and any(n > 1 for n in map(len, plan["prefix"]))
     with pytest.raises(SystemExit, match="unknown phase"):
         side.plan(["p64k"])
+
+
+def test_only_the_wanted_sides_are_judged() -> None:
+    # a run of stock + ours_int16 judges ours_int16 alone; a wanted side without output fails
+    only = {k: v for k, v in sides().items() if k in ("stock", "ours_int16")}
+    assert device.ab_verdict(only, frozenset({"stock", "ours_int16"}))["passed"] is True
+    assert device.ab_verdict(only)["passed"] is False  # the others are wanted by default
+    broken = dict(only, ours_int16={"error": "no output"})
+    assert device.ab_verdict(broken, frozenset({"stock", "ours_int16"}))["passed"] is False

@@ -85,6 +85,9 @@ def jobs(py: str) -> list[Job]:
         Job("backend", [py, str(ROOT / "tests/gpu/attention/device_backend_ab.py"),
                         "--skip-pytest", "--skip-mutant"], {"ops", "tiny", "warm"}, 0.2),
         script("tests/gpu/gdn/device_gdn.py", "gdn", {"ops", "tiny", "warm"}, 0.15),
+        # the int16 pool against stock alone (its first start-up fix)
+        Job("gdn_int16", [py, str(ROOT / "tests/gpu/gdn/device_gdn.py"), "--steps", "ab",
+                          "--sides", "stock,ours_int16"], {"ops", "tiny", "warm"}, 0.08),
         script("tests/gpu/serving/device_spec_prefix.py", "spec_prefix", {"ops", "tiny", "warm"},
                0.12),
         script("tests/gpu/serving/device_openai.py", "openai", {"ops", "tiny", "warm"}, 0.07),

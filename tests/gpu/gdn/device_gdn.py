@@ -116,14 +116,17 @@ def ours_ran(side: dict[str, Any], state_dtype: str, spec: str) -> dict[str, Any
             "prefill_ops": ops, "calls": calls, "device_calls": device, "classes": classes}
 
 
-def ab_verdict(sides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def ab_verdict(sides: dict[str, dict[str, Any]],
+               wanted: frozenset[str] | None = None) -> dict[str, Any]:
+    """Each of our `wanted` sides (default: all of SIDES) against stock; a wanted side
+    without output fails, an unwanted one is not judged."""
     from compare import compare_sides
 
     res: dict[str, Any] = {"comparisons": {}, "ours_ran": {}, "max_dlogprob": MAX_DLOGPROB}
     stock = sides.get("stock") or {"error": "missing"}
     ok = True
     for name, (_side, _ckpt, args, dtype) in SIDES.items():
-        if dtype is None:
+        if dtype is None or (wanted is not None and name not in wanted):
             continue
         ours = sides.get(name) or {"error": "missing"}
         if stock.get("error") or ours.get("error") or ours.get("phase_errors"):
@@ -186,12 +189,17 @@ def main() -> int:
     ap.add_argument("--steps", default="ab,drift",
                     help="comma-separated, from ab, drift, pytest, bench")
     ap.add_argument("--phases", default="", help="gdn_side.py --phases (default: all)")
+    ap.add_argument("--sides", default=",".join(SIDES),
+                    help="engines of the A/B (stock is always among them), e.g. stock,ours_int16")
     a = ap.parse_args()
     t0 = time.time()
     deadline = t0 + a.budget_s - MARGIN_S
     out = a.out
     out.mkdir(parents=True, exist_ok=True)
     steps = set(filter(None, a.steps.split(",")))
+    wanted = frozenset(filter(None, a.sides.split(","))) | {"stock"}
+    if wanted - set(SIDES):
+        raise SystemExit(f"--sides: unknown side(s) {sorted(wanted - set(SIDES))}")
     unknown = steps - {"ab", "drift", "pytest", "bench"}
     if unknown:
         raise SystemExit(f"--steps: unknown step(s) {sorted(unknown)}")
@@ -207,7 +215,7 @@ def main() -> int:
 
     flush()
     share = float(os.environ.get("SM70_GPU_SHARE", "0.15"))
-    util = round(max(0.02, share / (len(SIDES) + 1)), 3)  # the engines, and room beside them
+    util = round(max(0.02, share / (len(wanted) + 1)), 3)  # the engines, and room beside them
     env_tests = dict(os.environ)
     env_tests["PYTHONPATH"] = ":".join(filter(None, [str(ROOT), env_tests.get("PYTHONPATH")]))
     env_tests["PYTHONUNBUFFERED"] = "1"
@@ -225,6 +233,8 @@ def main() -> int:
                 if not (tiny / ckpt / "config.json").is_file():
                     raise FileNotFoundError(f"no tiny {ckpt} checkpoint at {tiny / ckpt}")
             for name, (side, ckpt, args, dtype) in SIDES.items():
+                if name not in wanted:
+                    continue
                 cmd = [sys.executable, str(HERE / "gdn_side.py"), "--side", side,
                        "--model", str(tiny / ckpt), "--out", str(sides_dir / f"{name}.json"),
                        "--util", str(util), "--kv-gib", "1", *args]
@@ -291,7 +301,7 @@ def main() -> int:
             if rc is None and not sides[name].get("error"):
                 sides[name]["error"] = "stopped at the budget"
         try:
-            verdict = ab_verdict(sides)
+            verdict = ab_verdict(sides, wanted)
         except Exception as exc:
             verdict = {"passed": False, "error": f"{type(exc).__name__}: {exc}"}
         verdict["rc"] = rcs
