@@ -70,7 +70,7 @@ def test_default_argv_reproduces_the_reference_command_exactly():
     additions = argv[5 + len(reference) :]
     assert additions == [
         "--host", "127.0.0.1", "--port", "8000", "--served-model-name", "qwen3.8-27b",
-        "--attention-backend", "TRITON_ATTN", "--pipeline-parallel-size", "1",
+        "--attention-backend", "SM70_PAGED", "--pipeline-parallel-size", "1",
         "--long-prefill-token-threshold", "2048", "--max-logprobs", "20",
         "--generation-config", "auto", "--gdn-prefill-backend", "triton",
         "--no-async-scheduling",
@@ -94,14 +94,15 @@ def test_default_env_reproduces_the_reference_environment():
 
 def test_defaults_launch_the_sm70_gptq_path():
     """What `serve` runs by default (issue 21 item 4): `--quantization gptq`, which the
-    plugin's sm70_gptq claims; TRITON_ATTN while SM70_PAGED has no backend class; our
-    plugin loaded by name whatever VLLM_PLUGINS the caller had; the GEMV/GEMM switches on."""
+    plugin's sm70_gptq claims; the plugin's attention backend by its patched name
+    (SM70_PAGED, patch 0002); our plugin loaded by name whatever VLLM_PLUGINS the caller had;
+    the GEMV/GEMM switches on."""
     import tomllib
 
     s = defaults()
     argv = vllm_argv(s)
     assert argv[argv.index("--quantization") + 1] == "gptq"
-    assert argv[argv.index("--attention-backend") + 1] == "TRITON_ATTN"
+    assert argv[argv.index("--attention-backend") + 1] == "SM70_PAGED"
     env = vllm_env(s)
     project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     (name,) = project["project"]["entry-points"]["vllm.general_plugins"]
@@ -124,7 +125,10 @@ def test_p2p_follows_setting_then_topology(mode, available, expected):
 
 @pytest.mark.parametrize("environ", [
     {}, {"SM70_SPEC_METHOD": "ngram"}, {"SM70_SPEC_TOKENS": "1", "SM70_CUDAGRAPH_SIZES": "2,4"},
-    {"SM70_SPEC_TOKENS": "7", "SM70_CUDAGRAPH_SIZES": "16,8"},
+    # seven drafts take more verification rows than SM70_PAGED's decode kernel: vLLM's own
+    # backend (the refusal under the default is test_settings' paged-decode-rows test)
+    {"SM70_SPEC_TOKENS": "7", "SM70_CUDAGRAPH_SIZES": "16,8",
+     "SM70_ATTENTION_BACKEND": "TRITON_ATTN"},
 ])
 def test_speculative_config_appears_exactly_once(environ):
     argv = vllm_argv(load_settings(environ))

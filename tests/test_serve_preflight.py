@@ -19,6 +19,7 @@ from sm70ctl.serve.preflight import (
     Check,
     PortState,
     PreflightInputs,
+    check_attention,
     check_cache,
     check_gpus,
     check_host,
@@ -51,7 +52,8 @@ def inputs(**over) -> PreflightInputs:
         lock_ours=True,
         serve_python="/env/bin/python",
         serve_python_ok=True,
-        model=ModelDirState("/m", True, {"architectures": ["Qwen3_5ForConditionalGeneration"],
+        model=ModelDirState("/m", True, {**_reference_config(),
+                                         "architectures": ["Qwen3_5ForConditionalGeneration"],
                                          "quantization_config": {}}),
         quantization="gptq",
         quant_problems=[],
@@ -70,7 +72,8 @@ def test_all_good_passes_everything() -> None:
     assert {c.status for c in checks} == {PASS}
     assert [c.name for c in checks] == [
         "bind address", "port lock", "port", "serving interpreter", "model folder",
-        "quantisation config", "memory plan", "GPU indices", "GPUs exclusive", "compile cache",
+        "quantisation config", "attention backend", "memory plan", "GPU indices",
+        "GPUs exclusive", "compile cache",
     ]
 
 
@@ -247,3 +250,44 @@ def test_quant_probe_finds_nested_config() -> None:
 
     problems = quant_problems({"text_config": {"quantization_config": {"bits": 4}}})
     assert problems and any("bits" in p for p in problems)
+
+
+def _reference_config(**text: object) -> dict:
+    import json
+    from pathlib import Path
+
+    cfg = json.loads((Path(__file__).parents[1] / "sm70ctl" / "data" / "qwen3.8-27b"
+                      / "config.json").read_text())
+    cfg["text_config"].update(text)
+    return cfg
+
+
+def test_sm70_paged_takes_the_reference_model_at_tp_1_2_and_4() -> None:
+    model = ModelDirState("/m", True, _reference_config())
+    for tp in (1, 2, 4):
+        c = check_attention(inputs(model=model, tensor_parallel_size=tp))
+        assert c.status == PASS, (tp, c)
+    assert inputs().attention_backend == "SM70_PAGED"  # the default
+
+
+def test_sm70_paged_refuses_another_head_size_or_group_naming_the_setting() -> None:
+    head = ModelDirState("/m", True, _reference_config(head_dim=128))
+    c = check_attention(inputs(model=head, tensor_parallel_size=2))
+    assert c.status == FAIL and c.detail.startswith("SM70_ATTENTION_BACKEND=SM70_PAGED ")
+    assert "head_dim 128" in c.detail and "256" in c.detail and "\n" not in c.detail
+    assert c.hint == "set SM70_ATTENTION_BACKEND=TRITON_ATTN"
+    assert c in failures(run_checks(inputs(model=head, tensor_parallel_size=2)))
+    # 24 q / 4 KV heads at TP=8: 3 query heads share each copied KV head, not 6
+    ref = ModelDirState("/m", True, _reference_config())
+    c = check_attention(inputs(model=ref, tensor_parallel_size=8))
+    assert c.status == FAIL and "3 query / 1 KV heads per GPU" in c.detail
+    # vLLM's own backend takes both
+    for m, tp in ((head, 2), (ref, 8)):
+        assert check_attention(inputs(model=m, tensor_parallel_size=tp,
+                                      attention_backend="TRITON_ATTN")).status == PASS
+
+
+def test_the_attention_check_skips_what_it_cannot_read() -> None:
+    assert check_attention(inputs(model=ModelDirState("/m", False))).status == SKIP
+    bare = ModelDirState("/m", True, {"architectures": ["Qwen3_5ForConditionalGeneration"]})
+    assert check_attention(inputs(model=bare)).status == SKIP  # no shapes to check

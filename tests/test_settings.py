@@ -232,6 +232,14 @@ CROSS = [
 ]
 
 
+def test_the_default_backend_is_sm70_paged_and_refuses_more_rows_than_it_verifies():
+    assert load_settings({}).attention_backend == "SM70_PAGED"
+    problems = problems_of({"SM70_SPEC_TOKENS": "7", "SM70_CUDAGRAPH_SIZES": "8,16,32"})
+    assert [p.variable for p in problems] == ["SM70_SPEC_TOKENS"]
+    assert "SM70_ATTENTION_BACKEND=SM70_PAGED verifies 8 query rows" in problems[0].rule
+    load_settings({"SM70_SPEC_TOKENS": "3"})
+
+
 def test_paged_decode_rows_only_bind_sm70_paged_with_speculation():
     seven = {"SM70_SPEC_TOKENS": "7", "SM70_CUDAGRAPH_SIZES": "8,16,32"}
     load_settings({**seven, "SM70_ATTENTION_BACKEND": "TRITON_ATTN"})

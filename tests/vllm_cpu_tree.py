@@ -83,13 +83,40 @@ def plugin_dist(dest: Path) -> Path:
     return dest
 
 
-def run_probe(script: Path, request: dict[str, Any], tmp: Path) -> tuple[dict[str, Any], str]:
+# the series' Python patch that a launch's arguments depend on: the SM70_PAGED name
+NAME_PATCH = REPO / "vllm_patch" / "patches" / "0002-attention-add-sm70-paged-backend-name.patch"
+
+
+def named_tree(dest: Path) -> Path:
+    """The 0.22.1 tree with patch 0002 applied, as `sm70ctl build` ships it (the enum has
+    SM70_PAGED, the default SM70_ATTENTION_BACKEND): links to the tree's files, except the
+    patched registry.py, which is a copy."""
+    import shutil
+
+    from sm70ctl.build.patches import Patch, apply_series
+
+    shutil.copytree(VLLM_TREE, dest, symlinks=True, copy_function=os.symlink)
+    registry = dest / "vllm" / "v1" / "attention" / "backends" / "registry.py"
+    registry.unlink()
+    shutil.copyfile(VLLM_TREE / registry.relative_to(dest), registry)
+    apply_series(dest, [Patch(NAME_PATCH, "")])
+    return dest
+
+
+def run_probe(script: Path, request: dict[str, Any], tmp: Path,
+              named: bool | None = None) -> tuple[dict[str, Any], str]:
     """The probe's result for `request`, and its log (stdout then stderr); a probe that
-    exits non-zero or writes no result fails the test."""
+    exits non-zero or writes no result fails the test. named: on named_tree, else on the
+    released tree; by default named when the request names SM70_PAGED (a launch with
+    `--attention-backend SM70_PAGED`, the default, needs the name)."""
     request_file = tmp / "request.json"
-    request_file.write_text(json.dumps(request))
+    text = json.dumps(request)
+    request_file.write_text(text)
+    if named is None:
+        named = '"SM70_PAGED"' in text
     result = tmp / "result.json"
-    path = [VLLM_TREE, VLLM_DEPS, SITE_HOOK, plugin_dist(tmp / "plugin"), REPO]
+    tree = named_tree(tmp / "named-tree") if named else VLLM_TREE
+    path = [tree, VLLM_DEPS, SITE_HOOK, plugin_dist(tmp / "plugin"), REPO]
     # The launch's own variables come from each case's env; none of the caller's may leak in.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SM70_", "VLLM_"))}
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in path)

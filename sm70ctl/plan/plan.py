@@ -86,7 +86,7 @@ class PlanInputs:
     quantization: str = "gptq"
     path: str = SERVED  # which pool path the plan describes (pools.py)
     mamba_cache_mode: str = "align"
-    attention_backend: str = "TRITON_ATTN"
+    attention_backend: str = "SM70_PAGED"
     model_dir: Path | None = None  # SM70_MODEL_DIR: its config.json is planned when present
 
     @property

@@ -149,6 +149,8 @@ def _gather(
         gpus=gpus,
         busy_bytes=int(settings.gpu_busy_mib),
         plan=_plan_verdict(settings, device),
+        attention_backend=settings.attention_backend,
+        tensor_parallel_size=settings.tensor_parallel_size,
     )
     # the all-reduce and NCCL_P2P_DISABLE from the GPUs' links (sm70ctl.devices.topology)
     allreduce = rprobes.probe_allreduce(settings, indices) if device == "cuda" else None

@@ -66,6 +66,8 @@ class PreflightInputs:
     busy_bytes: int = 500 * MIB
     plan: tuple[str, str] | None = None  # (status, detail) from the memory plan
     extra: list[Check] = field(default_factory=list)
+    attention_backend: str = "SM70_PAGED"  # SM70_ATTENTION_BACKEND
+    tensor_parallel_size: int = 1
 
 
 def check_host(i: PreflightInputs) -> Check:
@@ -168,6 +170,41 @@ def check_quant(i: PreflightInputs) -> Check:
     return Check("quantisation config", PASS, f"{i.quantization}: valid")
 
 
+def check_attention(i: PreflightInputs) -> Check:
+    """SM70_PAGED's kernels take one head size and one GQA group (per GPU): a model with
+    others is refused here, before vLLM starts, not by vLLM's backend check later."""
+    name = "attention backend"
+    if i.attention_backend != "SM70_PAGED":
+        return Check(name, PASS, f"{i.attention_backend} (vLLM's own)")
+    if i.model.config is None:
+        return Check(name, SKIP, "no readable config.json")
+    from sm70ctl.errors import Sm70Error
+    from sm70ctl.plan.model_config import parse_config
+    from sm70ctl.plan.shapes import kv_heads_per_gpu
+    from vllm_patch.attention import rules
+
+    try:
+        m = parse_config(dict(i.model.config))
+    except (Sm70Error, KeyError, TypeError, ValueError):
+        return Check(name, SKIP, "config.json does not parse (the memory plan says why)")
+    if not m.full_layers:
+        return Check(name, PASS, "SM70_PAGED: the model has no full-attention layer")
+    tp = max(1, i.tensor_parallel_size)
+    q, kv = m.num_attention_heads // tp, kv_heads_per_gpu(m, tp)
+    problems = []
+    if m.head_dim != rules.HEAD_SIZE:
+        problems.append(f"head_dim {m.head_dim} (its kernels take {rules.HEAD_SIZE})")
+    if q != rules.GQA_GROUP * kv:
+        problems.append(f"{q} query / {kv} KV heads per GPU at SM70_TENSOR_PARALLEL_SIZE={tp} "
+                        f"(its decode kernel's group is {rules.GQA_GROUP}:1)")
+    if problems:
+        return Check(name, FAIL,
+                     "SM70_ATTENTION_BACKEND=SM70_PAGED cannot serve this model: "
+                     + "; ".join(problems), "set SM70_ATTENTION_BACKEND=TRITON_ATTN")
+    return Check(name, PASS, f"SM70_PAGED: head_dim {m.head_dim}, GQA {rules.GQA_GROUP}:1 "
+                 "per GPU")
+
+
 def check_cache(i: PreflightInputs) -> Check:
     fp = f" [{i.cache.fingerprint}]" if i.cache.fingerprint else ""
     if i.cache.warm:
@@ -254,6 +291,7 @@ def run_checks(i: PreflightInputs) -> list[Check]:
         check_serve_python(i),
         check_model(i),
         check_quant(i),
+        check_attention(i),
         check_plan(i),
         *check_gpus(i),
         check_cache(i),
