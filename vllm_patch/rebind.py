@@ -1,6 +1,6 @@
 """One checked rebinding of a vLLM 0.22.1 method, installed when its module is imported.
 
-The runtime patches R7 and R8 (`runtime_patches/README.md`) each replace one method by a
+The runtime patches R7-R10 (`runtime_patches/README.md`) each replace one function by a
 wrapper around it. What they share lives here: the check that the method is still the
 one the wrapper was written against (vLLM's version, its parameters, names its body uses),
 the idempotent install, the refusal that leaves vLLM's method in place with one logged
