@@ -49,8 +49,13 @@ def compilation_config(settings: SettingsView) -> dict[str, Any]:
     }
 
 
-def vllm_argv(settings: SettingsView, *, secrets_file: Path | None = None) -> list[str]:
+def vllm_argv(settings: SettingsView, *, secrets_file: Path | None = None,
+              attention_backend: str | None = None) -> list[str]:
     """The full command line of the vLLM API server (argv[0] is the serving interpreter).
+
+    attention_backend: the --attention-backend value when it is not the setting's own name
+    (serve passes CUSTOM for SM70_PAGED on a vLLM without patch 0002's name:
+    sm70ctl.serve.backend_name); None: SM70_ATTENTION_BACKEND as set.
 
     The model goes in as `--model`: `python -m vllm.entrypoints.openai.api_server` ignores
     a positional model (only the `vllm serve` front end reads one) and would try to fetch
@@ -93,7 +98,7 @@ def vllm_argv(settings: SettingsView, *, secrets_file: Path | None = None) -> li
         "--host", s.host,
         "--port", str(s.port),
         "--served-model-name", s.served_model_name,
-        "--attention-backend", s.attention_backend,
+        "--attention-backend", attention_backend or s.attention_backend,
         "--pipeline-parallel-size", str(s.pipeline_parallel_size),
         "--long-prefill-token-threshold", str(s.prefill_chunk),
         "--max-logprobs", str(s.max_logprobs),

@@ -108,9 +108,11 @@ def _gather(
     from sm70ctl.locking import probe_holder
     from sm70ctl.runtime import probes as rprobes
     from sm70ctl.runtime.cache_status import cache_status
+    from sm70ctl.runtime.environment import child_env
     from sm70ctl.runtime.port_lock import port_lock_path
     from sm70ctl.runtime.probes import GpuUse
     from sm70ctl.serve import probes
+    from sm70ctl.serve.backend_name import decide_backend_flag
     from sm70ctl.serve.preflight import CacheState, PreflightInputs
     from sm70ctl.settings.rules import is_loopback
 
@@ -128,6 +130,12 @@ def _gather(
         holder = h.info if h else None
     model = rprobes.probe_model_dir(settings.model_dir)
     verdict, _ = cache_status(settings, device, environ)
+    # the name the serving vLLM knows for the backend: probed only where the setting is the
+    # patched tree's name, with the path the server gets (no SM70_* variable, like child_env)
+    names = None
+    if settings.attention_backend == rprobes.PATCHED_BACKEND_NAME:
+        names = rprobes.probe_backend_name(settings.serve_python, env=child_env(environ, {}))
+    backend = decide_backend_flag(settings.attention_backend, names)
     inputs = PreflightInputs(
         device=device,
         host=settings.host,
@@ -151,11 +159,12 @@ def _gather(
         plan=_plan_verdict(settings, device),
         attention_backend=settings.attention_backend,
         tensor_parallel_size=settings.tensor_parallel_size,
+        backend_name=backend.check,
     )
     # the all-reduce and NCCL_P2P_DISABLE from the GPUs' links (sm70ctl.devices.topology)
     allreduce = rprobes.probe_allreduce(settings, indices) if device == "cuda" else None
     return {"inputs": inputs, "gpu_indices": indices, "fingerprint": verdict.fingerprint,
-            "allreduce": allreduce}
+            "allreduce": allreduce, "attention_backend": backend.value}
 
 
 def _render_checks(console: Any, checks: list[Any]) -> None:
@@ -218,11 +227,12 @@ def run_serve(
     # inherited secret-named variable holds (VLLM_API_KEY, HF_TOKEN...).
     secrets = secret_values(environ, extra=[s.get_secret_value() for s in
                                             (settings.api_key, settings.hf_token) if s])
-    argv = vllm_argv(settings) + clef_argv(settings)
-    shown_argv = redact_argv(argv)
+    vllm_argv(settings)  # refuses a command line vLLM would misread, before any probe
 
     if dry_run:
         gathered = _gather(settings, device, allow_cold, lock_ours=False, environ=environ)
+        shown_argv = redact_argv(vllm_argv(
+            settings, attention_backend=gathered["attention_backend"]) + clef_argv(settings))
         checks = run_checks(gathered["inputs"])
         env = managed_env(settings, device, entry_dir(settings.cache_dir, gathered["fingerprint"]),
                           gathered["gpu_indices"], allreduce=gathered["allreduce"])
@@ -278,8 +288,9 @@ def run_serve(
         old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
         try:
             with secrets_file(settings) as secrets_path:
-                argv = vllm_argv(settings, secrets_file=secrets_path) + clef_argv(
-                    settings)
+                argv = vllm_argv(settings, secrets_file=secrets_path,
+                                 attention_backend=gathered["attention_backend"]
+                                 ) + clef_argv(settings)
                 return _launch(settings, out, argv, env, environ, secrets, restart, doc,
                                lock.path, stop, received)
         finally:

@@ -68,6 +68,8 @@ class PreflightInputs:
     extra: list[Check] = field(default_factory=list)
     attention_backend: str = "SM70_PAGED"  # SM70_ATTENTION_BACKEND
     tensor_parallel_size: int = 1
+    # the verdict on the name vLLM is given for it (sm70ctl.serve.backend_name)
+    backend_name: Check | None = None
 
 
 def check_host(i: PreflightInputs) -> Check:
@@ -292,6 +294,7 @@ def run_checks(i: PreflightInputs) -> list[Check]:
         check_model(i),
         check_quant(i),
         check_attention(i),
+        *([i.backend_name] if i.backend_name is not None else []),
         check_plan(i),
         *check_gpus(i),
         check_cache(i),
