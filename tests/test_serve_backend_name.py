@@ -199,3 +199,39 @@ def test_dry_run_passes_custom_on_an_unpatched_vllm(tmp_path: Path) -> None:
 def test_dry_run_passes_sm70_paged_on_a_patched_vllm(tmp_path: Path) -> None:
     flag, check = _flag_and_check(dry_run(tmp_path, vllm_tree(tmp_path / "t", member=True)))
     assert (flag, check["status"]) == ("SM70_PAGED", PASS)
+
+
+# --- vLLM 0.22.1's own parser ------------------------------------------------------------------
+def test_stock_vllm_0_22_1_takes_the_line_serve_builds_for_it(tmp_path: Path) -> None:
+    """On the released tree (no patch 0002) serve's probe picks CUSTOM, and 0.22.1's parser and
+    config builder, with our plugin loaded, keep that launch; the setting's own name, passed
+    as set, is what its parser refuses."""
+    from vllm_cpu_tree import (
+        CONFIG_PROBE,
+        SERVE_PYTHON,
+        VLLM_TREE,
+        launch,
+        model_folder,
+        require_tree,
+        run_probe,
+    )
+
+    from sm70ctl.runtime import config_parity as cp
+
+    require_tree()
+    s, as_set = launch("as-set", model_folder(tmp_path), {}, tmp_path)
+    names = probe_backend_name(SERVE_PYTHON, env=path_env(VLLM_TREE))
+    flag = decide_backend_flag(s.attention_backend, names).value
+    assert (s.attention_backend, flag) == ("SM70_PAGED", "CUSTOM")
+    decided = {**as_set, "name": "decided", "argv": vllm_argv(s, attention_backend=flag)[3:]}
+    out, _ = run_probe(CONFIG_PROBE, {"model_dir": str(tmp_path / "model"),
+                                      "fields": dict(cp.FIELDS), "cases": [decided, as_set]},
+                       tmp_path, named=False)
+    got = out["cases"]["decided"]
+    assert "error" not in got, f"vLLM 0.22.1 refused serve's launch: {got['error']}"
+    assert got["values"]["attention_backend"] == "CUSTOM"
+    want = {**cp.requested(s), "attention_backend": "CUSTOM"}
+    values = {**got["values"], **{f"cuda_{k}": v for k, v in got["cuda_graphs"].items()}}
+    assert not cp.compare(want, values, cp.cpu_platform_rewrites(want))
+    refused = out["cases"]["as-set"].get("error", "")
+    assert "Unknown attention backend: 'SM70_PAGED'" in refused, out["cases"]["as-set"]
