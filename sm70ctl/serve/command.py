@@ -167,6 +167,17 @@ def _gather(
             "allreduce": allreduce, "attention_backend": backend.value}
 
 
+def _server_argv(settings: SettingsView, gathered: dict[str, Any],
+                 secrets_file: Path | None = None) -> list[str]:
+    """The server's command line, the same for a dry run and a start: the attention-backend
+    name is the one decided for the serving vLLM (sm70ctl.serve.backend_name)."""
+    from sm70ctl.runtime.command_line import vllm_argv
+    from sm70ctl.serve.clef_args import clef_argv
+
+    return vllm_argv(settings, secrets_file=secrets_file,
+                     attention_backend=gathered["attention_backend"]) + clef_argv(settings)
+
+
 def _render_checks(console: Any, checks: list[Any]) -> None:
     from sm70ctl.output import make_table
 
@@ -210,7 +221,6 @@ def run_serve(
     from sm70ctl.runtime.port_lock import port_lock
     from sm70ctl.runtime.secrets import secrets_file
     from sm70ctl.secrets import secret_values
-    from sm70ctl.serve.clef_args import clef_argv
     from sm70ctl.serve.preflight import failures, run_checks
 
     out = Output(json_mode)
@@ -231,8 +241,7 @@ def run_serve(
 
     if dry_run:
         gathered = _gather(settings, device, allow_cold, lock_ours=False, environ=environ)
-        shown_argv = redact_argv(vllm_argv(
-            settings, attention_backend=gathered["attention_backend"]) + clef_argv(settings))
+        shown_argv = redact_argv(_server_argv(settings, gathered))
         checks = run_checks(gathered["inputs"])
         env = managed_env(settings, device, entry_dir(settings.cache_dir, gathered["fingerprint"]),
                           gathered["gpu_indices"], allreduce=gathered["allreduce"])
@@ -288,9 +297,7 @@ def run_serve(
         old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
         try:
             with secrets_file(settings) as secrets_path:
-                argv = vllm_argv(settings, secrets_file=secrets_path,
-                                 attention_backend=gathered["attention_backend"]
-                                 ) + clef_argv(settings)
+                argv = _server_argv(settings, gathered, secrets_path)
                 return _launch(settings, out, argv, env, environ, secrets, restart, doc,
                                lock.path, stop, received)
         finally:
