@@ -235,3 +235,12 @@ def test_stock_vllm_0_22_1_takes_the_line_serve_builds_for_it(tmp_path: Path) ->
     assert not cp.compare(want, values, cp.cpu_platform_rewrites(want))
     refused = out["cases"]["as-set"].get("error", "")
     assert "Unknown attention backend: 'SM70_PAGED'" in refused, out["cases"]["as-set"]
+
+
+def test_the_shared_flag_rule_serve_and_warmup_use() -> None:
+    from sm70ctl.runtime.command_line import attention_backend_flag
+
+    assert attention_backend_flag("SM70_PAGED", False) == "CUSTOM"
+    assert attention_backend_flag("SM70_PAGED", True) == "SM70_PAGED"
+    assert attention_backend_flag("SM70_PAGED", None) == "SM70_PAGED"
+    assert attention_backend_flag("TRITON_ATTN", False) == "TRITON_ATTN"

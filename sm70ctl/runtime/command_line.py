@@ -49,6 +49,16 @@ def compilation_config(settings: SettingsView) -> dict[str, Any]:
     }
 
 
+CUSTOM_SLOT = "CUSTOM"  # vLLM's slot for a backend registered from outside its tree
+
+
+def attention_backend_flag(setting: str, has_name: bool | None) -> str:
+    """The --attention-backend value for SM70_ATTENTION_BACKEND=`setting` on a serving vLLM
+    that has patch 0002's SM70_PAGED name (True), lacks it (False: the plugin registers the
+    same backend in the CUSTOM slot there) or was not read (None: the setting as set)."""
+    return CUSTOM_SLOT if setting == "SM70_PAGED" and has_name is False else setting
+
+
 def vllm_argv(settings: SettingsView, *, secrets_file: Path | None = None,
               attention_backend: str | None = None) -> list[str]:
     """The full command line of the vLLM API server (argv[0] is the serving interpreter).

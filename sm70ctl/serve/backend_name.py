@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sm70ctl.runtime.command_line import CUSTOM_SLOT, attention_backend_flag
 from sm70ctl.runtime.probes import PATCHED_BACKEND_NAME, BackendNameProbe
 from sm70ctl.serve.preflight import PASS, SKIP, WARN, Check
 
 CHECK_NAME = "attention backend name"
-CUSTOM_SLOT = "CUSTOM"  # vLLM's slot for a backend registered from outside its tree
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def decide_backend_flag(setting: str, probe: BackendNameProbe | None) -> Backend
     if probe.has_name:
         return BackendFlag(setting, Check(
             CHECK_NAME, PASS, f"{setting}: the serving vLLM at {where} has patch 0002's name"))
-    return BackendFlag(CUSTOM_SLOT, Check(
+    return BackendFlag(attention_backend_flag(setting, False), Check(
         CHECK_NAME, WARN, f"the serving vLLM at {where} lacks patch 0002's {setting} name; the "
                           f"plugin's backend serves as {CUSTOM_SLOT} (--attention-backend "
                           f"{CUSTOM_SLOT})"))

@@ -29,7 +29,7 @@ from typing import Any
 
 from sm70ctl.errors import Sm70Error
 from sm70ctl.locking import FileLock
-from sm70ctl.runtime.command_line import base_url, vllm_argv
+from sm70ctl.runtime.command_line import attention_backend_flag, base_url, vllm_argv
 from sm70ctl.runtime.environment import child_env, managed_env
 from sm70ctl.runtime.fingerprint import REPO_ROOT, fingerprint, probe_components
 from sm70ctl.runtime.manifest import (
@@ -45,8 +45,10 @@ from sm70ctl.runtime.manifest import (
 )
 from sm70ctl.runtime.port_lock import servers_using
 from sm70ctl.runtime.probes import (
+    PATCHED_BACKEND_NAME,
     gpu_indices,
     probe_allreduce,
+    probe_backend_name,
     probe_executable,
     probe_gpus,
     probe_model_dir,
@@ -193,8 +195,14 @@ def _run_vllm(ctx: RunContext, folder: Path, name: str) -> Step:
     except Sm70Error as exc:
         return Step(name, FAILED, exc.message, 0.0)
     managed = managed_env(local, ctx.device, folder, indices, allreduce=allreduce)
+    # the backend name the serving vLLM knows, decided as serve decides it (CUSTOM on a
+    # vLLM without patch 0002's SM70_PAGED name)
+    has_name = None
+    if s.attention_backend == PATCHED_BACKEND_NAME:
+        has_name = probe_backend_name(s.serve_python, env=child_env(ctx.environ, {})).has_name
     spec = ServerSpec(
-        argv=vllm_argv(local),
+        argv=vllm_argv(local, attention_backend=attention_backend_flag(
+            s.attention_backend, has_name)),
         env=child_env(ctx.environ, managed),
         base_url=base_url(local),
         api_key=None,
