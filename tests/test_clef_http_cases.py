@@ -95,6 +95,8 @@ def test_the_serve_settings_load_and_turn_clef_on(tmp_path: Path) -> None:
     view = load_settings(env_file=env)
     assert view.clef and view.clef_rank == d.RANK
     assert view.clef_max_model_len == h.CLEF_MAX_LEN <= view.max_model_len
+    # the server's rows are judged against engine rows run on TRITON_ATTN (ab_side's default)
+    assert view.attention_backend == "TRITON_ATTN"
 
 
 def burst(images_ok: int | None = 2, alloc: int = 100) -> dict[str, Any]:
