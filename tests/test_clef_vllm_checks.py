@@ -73,7 +73,10 @@ def test_no_divergence_is_excused_by_a_small_margin() -> None:
     assert not d.row_within(far, tol) and d.row_controlled(far, tol)
 
 
-RECORDED = HERE / "gpu" / "results" / "h200_clef_vllm.json"
+# the run whose lenient control the new rule replaced (kept as it was recorded), and the
+# first run under the new rule
+RECORDED = HERE / "gpu" / "results" / "h200_clef_vllm_r3.json"
+LATEST = HERE / "gpu" / "results" / "h200_clef_vllm.json"
 
 
 def recorded_rows() -> tuple[dict[str, float], list[dict], list[dict]]:
@@ -136,3 +139,13 @@ def test_scoring_fails_on_a_wrong_row_or_a_leak() -> None:
     leak = copy.deepcopy(ok)
     leak["phases"]["scoring"]["left_in_store"]["done"] = 1
     assert not d.check_scoring(leak)["passed"]
+
+
+def test_the_latest_run_controls_every_uncorrected_row_by_its_own_record() -> None:
+    # the first run under the new rule recorded each uncorrected row's first divergence:
+    # every one diverged (a correction that silently did nothing would show none)
+    fig = json.loads(LATEST.read_text())["figures"]["clef_vs_merged"]
+    assert fig["uncorrected_controlled"] == "4/4" and fig["clef_rows_token_equal"] == "4/4"
+    assert len(fig["uncorrected_first_divergence"]) == 4
+    assert all(s is not None for s in fig["uncorrected_first_divergence"])
+    assert fig["clef_max_dlogprob"] <= fig["tolerance"]
