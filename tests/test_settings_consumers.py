@@ -49,6 +49,7 @@ from sm70ctl.settings import SettingsError, load_schema, load_settings
 from sm70ctl.settings.schema import VarSpec, parse_schema
 from sm70ctl.weights.fetch import FetchConfig
 from vllm_patch import plugin
+from vllm_patch.attention import rules as attention_rules
 from vllm_patch.config import PluginConfig
 from vllm_patch.quantization import draft_int8
 
@@ -262,6 +263,8 @@ PLUGIN_EFFECTS: dict[str, Callable[[PluginConfig], Any]] = {
     "gdn.kernel": lambda config: _registered_gdn_layer(config),
     "gdn.state_dtype": lambda config: _registered_gdn_layer(config),
     "logprobs.prompt_chunk": lambda config: _installed_prompt_logprobs(config),
+    # the kernel SM70_PAGED's metadata builder routes prefill rows to (backend.prefill_kernel)
+    "attention.prefill_kernel": lambda config: attention_rules.prefill_route(config),
     "spec.ngram_assist": _installed_ngram_assist,
     "spec.ngram_min": _installed_ngram_assist,
     "spec.ngram_max": _installed_ngram_assist,

@@ -99,7 +99,7 @@ def prefill_kernel() -> str:
     """SM70_PREFILL_ATTENTION as the plugin config carries it (attention.prefill_kernel)."""
     from vllm_patch.config import PluginConfig
 
-    return PluginConfig.from_env().attention.prefill_kernel
+    return rules.prefill_route(PluginConfig.from_env())
 
 
 def slot_name() -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 HEAD_SIZE = 256
 KV_CACHE_DTYPE = "int8_per_token_head"
@@ -90,6 +91,16 @@ def fmha_stride_problem(cache_strides: Sequence[int]) -> str | None:
         return None
     return (f"cache strides {list(cache_strides)} bytes: fmha_prefill takes only multiples "
             f"of {FMHA_STRIDE_BYTES} (its narrowest load is one {FMHA_STRIDE_BYTES}-byte word)")
+
+
+def prefill_route(config: Any) -> str:
+    """The kernel the metadata builder sends prefill rows to: the plugin config's
+    attention.prefill_kernel (SM70_PREFILL_ATTENTION), checked against PREFILL_KERNELS."""
+    kernel = config.attention.prefill_kernel
+    if kernel not in PREFILL_KERNELS:
+        raise AttentionConfigError(f"{PREFILL_SETTING}={kernel}: not one of "
+                                   f"{', '.join(PREFILL_KERNELS)}")
+    return kernel
 
 
 def check_prefill_kernel(kernel: str, cache_strides: Sequence[int]) -> None:
