@@ -295,7 +295,8 @@ def compute_plan(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu],
         tp, pp, tokens, inputs.max_num_seqs, spec, inputs.max_logprobs,
         inputs.prompt_logprobs_chunk, sizes, inputs.allreduce_buffer_bytes,
         inputs.decode_max_splits, inputs.gdn_chunk_size, inputs.cuda_context_reserve,
-        inputs.allocator_reserve, int8_weights=model.quant is not None)
+        inputs.allocator_reserve, int8_weights=model.quant is not None,
+        int16_state=state_dtype == "int16")
     kv_layer_tok = kv_bytes_per_token_layer(kv_heads_per_gpu(model, tp), model.head_dim,
                                             inputs.kv_cache_dtype)
     page = None

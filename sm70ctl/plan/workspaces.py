@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sm70ctl.plan.gdn_scratch import max_index_entries, max_step_slots, scratch_bytes
 from sm70ctl.plan.model_config import ModelShape
 from sm70ctl.plan.shapes import ceil_div, kv_heads_per_gpu, vocab_per_gpu
 
@@ -38,6 +39,7 @@ class WorkspaceInputs:
     cuda_context_reserve: int
     allocator_reserve: int
     int8_weights: bool = False  # linear layers served by sm70_gptq (a quantized checkpoint)
+    int16_state: bool = False  # the int16 GDN pool: prefill steps run on a float32 scratch
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,8 @@ def workspace_items(m: ModelShape, w: WorkspaceInputs, *, kinds: set[str], last:
                       {"tokens": t, "hidden": h}))
     items.append(Item("act.layer", f"activations: layer peak ({peak_kind})", layers[peak_kind],
                       {"tokens": t, **{f"{k}_bytes": v for k, v in layers.items()}}))
+    if w.int16_state and "linear" in kinds:
+        items.append(int16_scratch_item(m, w))
 
     if last:
         rows = w.max_num_seqs * (1 + w.spec_tokens)
@@ -134,3 +138,20 @@ def workspace_items(m: ModelShape, w: WorkspaceInputs, *, kinds: set[str], last:
     items.append(Item("allocator", "allocator reserve (SM70_ALLOCATOR_RESERVE)",
                       w.allocator_reserve))
     return items
+
+
+def int16_scratch_item(m: ModelShape, w: WorkspaceInputs) -> Item:
+    """The float32 copy of a prefill step's state slots one GDN layer runs on with the int16
+    pool (gdn_scratch.py), at the most slots a step can name."""
+    slots = max_step_slots(w.max_num_seqs, w.tokens, w.spec_tokens)
+    hv = m.linear_num_value_heads // w.tp
+    conv_elems = (m.linear_conv_kernel_dim - 1 + w.spec_tokens) * (
+        (2 * m.gdn_key_dim + m.gdn_value_dim) // w.tp)
+    entries = max_index_entries(w.max_num_seqs, w.spec_tokens)
+    b = scratch_bytes(slots, hv, m.linear_value_head_dim, m.linear_key_head_dim, conv_elems,
+                      entries)
+    return Item("gdn.int16_scratch",
+                f"GDN int16 pool: prefill step's float32 state scratch ({slots} slots, "
+                "one layer at a time)", b,
+                {"slots": slots, "value_heads": hv, "conv_elems_per_slot": conv_elems,
+                 "index_entries": entries})
