@@ -20,7 +20,7 @@ requantise's 12 B. Everything is a local of the call, so it is freed when the la
 returns and the caching allocator hands the same blocks to the next layer: one layer's
 scratch is live at a time. The layer's other activations (the in_proj outputs the core
 reads, FLA's chunk states) live meanwhile, so the plan counts the scratch on top of the
-largest layer's activations.
+largest layer's activations (an upper bound when that layer is not a GDN one).
 """
 
 from __future__ import annotations
