@@ -12,7 +12,8 @@ with the same codes (requantising a dequantised row is exact: its largest code i
 
 Cost, per GDN layer and step with a prefill: 4 B x HV x 128 x 128 of scratch per slot
 named (TP=2: 1.5 MiB; an MTP row names 1 + k slots), transient (the caching allocator
-reuses it layer after layer; it is not in the memory plan), and the gather, dequantise,
+reuses it layer after layer; the plan counts the requantise's peak, about 4.6 MiB a slot
+at TP=2 with its temporaries: sm70ctl/plan/gdn_scratch.py), and the gather, dequantise,
 requantise and scatter passes over those slots, small against a prefill chunk's FLA work.
 
 Negative indices (vLLM's PAD_SLOT_ID) stay negative, so the kernels skip them as before; the
