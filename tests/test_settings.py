@@ -229,6 +229,9 @@ CROSS = [
     ("paged-decode-rows", {"SM70_ATTENTION_BACKEND": "SM70_PAGED", "SM70_SPEC_TOKENS": "7",
                            "SM70_CUDAGRAPH_SIZES": "8,16,32"},
      {"SM70_ATTENTION_BACKEND": "SM70_PAGED", "SM70_SPEC_TOKENS": "3"}, "SM70_SPEC_TOKENS"),
+    ("paged-kv-dtype", {"SM70_KV_CACHE_DTYPE": "auto"},
+     {"SM70_KV_CACHE_DTYPE": "auto", "SM70_ATTENTION_BACKEND": "TRITON_ATTN"},
+     "SM70_KV_CACHE_DTYPE"),
 ]
 
 

@@ -51,6 +51,8 @@ CASES: dict[str, dict[str, str]] = {
         "SM70_MAX_NUM_SEQS": "8", "SM70_MAX_NUM_BATCHED_TOKENS": "4096",
         "SM70_PREFILL_CHUNK": "4096", "SM70_KV_CACHE_BYTES": "0",
         "SM70_MAX_MODEL_LEN": "131072", "SM70_KV_CACHE_DTYPE": "auto",
+        # SM70_PAGED reads only int8_per_token_head (rule paged-kv-dtype)
+        "SM70_ATTENTION_BACKEND": "TRITON_ATTN",
         "SM70_ENABLE_PREFIX_CACHING": "false", "SM70_MAMBA_CACHE_MODE": "none",
         "SM70_QUANTIZATION": "gptq",
         "SM70_INT8_GEMV": "true", "SM70_MAX_LOGPROBS": "5",

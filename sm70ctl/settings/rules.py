@@ -276,6 +276,24 @@ def _paged_decode_rows(s: SettingsView) -> Problem | None:
               "SM70_ATTENTION_BACKEND", "SM70_SPEC_METHOD")
 
 
+@rule("paged-kv-dtype")
+def _paged_kv_dtype(s: SettingsView) -> Problem | None:
+    """Refused: `SM70_ATTENTION_BACKEND=SM70_PAGED` with a KV cache other than
+    `int8_per_token_head` (`SM70_KV_CACHE_DTYPE`), the only page its kernels read: vLLM's
+    config builder accepts the pair and the engine would fail at start-up.
+    """
+    if s.attention_backend != "SM70_PAGED":
+        return None
+    from vllm_patch.attention.rules import KV_CACHE_DTYPE
+
+    if s.kv_cache_dtype == KV_CACHE_DTYPE:
+        return None
+    return _p("SM70_KV_CACHE_DTYPE", s.kv_cache_dtype,
+              f"SM70_ATTENTION_BACKEND=SM70_PAGED reads only the {KV_CACHE_DTYPE} KV cache",
+              f"{KV_CACHE_DTYPE}, or SM70_ATTENTION_BACKEND=TRITON_ATTN",
+              "SM70_ATTENTION_BACKEND")
+
+
 def rules_table() -> list[tuple[str, str]]:
     """(rule id, when it refuses) for the docs."""
     return [
