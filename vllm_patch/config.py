@@ -70,8 +70,8 @@ class GdnConfig:
     kernel: str = "triton"
     chunk_size: int = 64
     # int16 (the setting's default) with decode_layer on puts int16 codes + row scales in
-    # vLLM's pool (vllm_patch/gdn/int16_pool.py, CPU-proven); float32 is the pool that ran on
-    # a GPU. Without decode_layer vLLM's float32 pool stays whatever this says.
+    # vLLM's pool (vllm_patch/gdn/int16_pool.py); both it and float32 ran on a GPU.
+    # Without decode_layer vLLM's float32 pool stays whatever this says.
     state_dtype: str = "int16"
     # Our decode rows inside vLLM's GDN layer (vllm_patch.gdn): SM70_GDN_KERNEL=sm70 or
     # sm70_chunk sets it (sm70ctl/runtime/plugin_config.py); off by default like the setting.

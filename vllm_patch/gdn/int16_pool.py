@@ -1,8 +1,8 @@
 """The int16 recurrent state inside vLLM's GDN pool: what it holds and when it is on (pure).
 
-Opt-in and proven on the CPU only (issue 23 item 3): the plugin turns it on only when the
-GDN layer is on (`gdn.decode_layer`, SM70_GDN_KERNEL=sm70) and `gdn.state_dtype` is int16
-(SM70_GDN_STATE_DTYPE=int16; its default is float32, the pool that has run on a GPU).
+Opt-in (issue 23 item 3; its A/B against stock passed on an H200): the plugin turns it on
+only when the GDN layer is on (`gdn.decode_layer`, SM70_GDN_KERNEL=sm70 or sm70_chunk) and
+`gdn.state_dtype` is int16 (SM70_GDN_STATE_DTYPE, whose default is int16).
 
 Each GDN layer's state then is three tensors in vLLM's hybrid page instead of two:
 conv state (model dtype, unchanged), recurrent codes int16 [HV, V, K] and their scales
