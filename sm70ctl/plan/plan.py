@@ -373,15 +373,16 @@ def path_warnings(inputs: PlanInputs, state_dtype: str) -> list[str]:
                 "today (the default path `served` says what it does)"]
     unserved = []
     if inputs.gdn_state_dtype != state_dtype:
-        # int16 is served only by the plugin's GDN layer (SM70_GDN_KERNEL=sm70)
+        # int16 is served only by the plugin's GDN layer (SM70_GDN_KERNEL=sm70 / sm70_chunk)
         unserved.append(f"SM70_GDN_STATE_DTYPE={inputs.gdn_state_dtype} with "
-                        f"SM70_GDN_KERNEL={inputs.gdn_kernel}")
+                        f"SM70_GDN_KERNEL={inputs.gdn_kernel} (vLLM's GDN kernels read "
+                        "float32 only; SM70_GDN_KERNEL=sm70 or sm70_chunk serves int16)")
     if inputs.split_pools:
-        unserved.append("SM70_SPLIT_POOLS=true")
+        unserved.append("SM70_SPLIT_POOLS=true (a design beyond vLLM 0.22.1's one pool)")
     out = []
     if unserved:
         out.append(f"plan path `served` (what vLLM 0.22.1 allocates today): "
-                   f"{' and '.join(unserved)} not served yet (issue 23), so the state is "
+                   f"{' and '.join(unserved)} not served, so the state is "
                    f"{state_dtype}, drawn with the KV from vLLM's one pool, and "
                    "SM70_STATE_BLOCK_MULTIPLIER has no effect; `sm70ctl plan --path target` "
                    "plans the design")
