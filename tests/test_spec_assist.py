@@ -17,12 +17,11 @@ CI=true they fail.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_cpu_tree import REPO, require_tree, run_probe
+from vllm_cpu_tree import mutated_plugin, require_tree, run_probe
 
 from vllm_patch.config import PluginConfig, SpecConfig
 
@@ -114,20 +113,9 @@ def test_finished_and_preempted_requests_drop_state(probed: dict[str, Any]) -> N
     assert 0 < sim["stats"]["rows_chose_ngram"] <= sim["stats"]["rows_with_ngram_draft"]
 
 
-def _mutated_package(dest: Path, file: str, old: str, new: str) -> Path:
-    pkg = dest / "vllm_patch"
-    shutil.copytree(REPO / "vllm_patch", pkg,
-                    ignore=shutil.ignore_patterns("__pycache__", "_lib"))
-    target = pkg / "spec_decode" / file
-    text = target.read_text()
-    assert text.count(old) == 1, f"mutant text not found once in {file}: {old!r}"
-    target.write_text(text.replace(old, new))
-    return dest
-
-
 @pytest.mark.parametrize(("name", "file", "old", "new"), MUTANTS, ids=[m[0] for m in MUTANTS])
 def test_mutant_is_caught(name: str, file: str, old: str, new: str, tmp_path: Path) -> None:
-    front = _mutated_package(tmp_path / "mut", file, old, new)
+    front = mutated_plugin(tmp_path / "mut", f"spec_decode/{file}", old, new)
     result = _probe({"simulate": SIM, "front": str(front)}, tmp_path)
     sim = result["simulate"]
     chose = sim["chose"]

@@ -7,12 +7,11 @@ test) must fail the probe's checks."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vllm_cpu_tree import REPO, require_tree, run_probe
+from vllm_cpu_tree import mutated_plugin, require_tree, run_probe
 
 from vllm_patch.spec_decode.accepted_state import Settle, rows_to_settle
 
@@ -113,13 +112,7 @@ MUTANTS = [
 @pytest.mark.parametrize(("name", "old", "new"), MUTANTS, ids=[m[0] for m in MUTANTS])
 def test_mutants_fail_the_checks(name: str, old: str, new: str, tmp_path: Path) -> None:
     require_tree()
-    front = tmp_path / "front"
-    shutil.copytree(REPO / "vllm_patch", front / "vllm_patch",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    target = front / "vllm_patch" / "spec_decode" / "accepted_state.py"
-    text = target.read_text()
-    assert old in text, name
-    target.write_text(text.replace(old, new))
+    front = mutated_plugin(tmp_path / "front", "spec_decode/accepted_state.py", old, new)
     try:
         result, _ = run_probe(PROBE, {"settle": CASES, "front": str(front)}, tmp_path)
     except pytest.fail.Exception:

@@ -127,3 +127,18 @@ def run_probe(script: Path, request: dict[str, Any], tmp: Path,
         pytest.fail(f"probe failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                     f"{proc.stderr[-3000:]}")
     return json.loads(result.read_text()), proc.stdout + proc.stderr
+
+
+def mutated_plugin(dest: Path, file: str, old: str, new: str) -> Path:
+    """A copy of our vllm_patch package under `dest` with `old` replaced by `new` (once) in
+    `file` (relative to vllm_patch/): put `dest` first on a probe's path ("front") to run
+    vLLM with the mutant instead of the real module."""
+    import shutil
+
+    pkg = dest / "vllm_patch"
+    shutil.copytree(REPO / "vllm_patch", pkg, ignore=shutil.ignore_patterns("__pycache__", "_lib"))
+    target = pkg / file
+    text = target.read_text()
+    assert text.count(old) == 1, f"mutant text not found once in {file}: {old!r}"
+    target.write_text(text.replace(old, new))
+    return dest
