@@ -95,12 +95,9 @@ def fmha_stride_problem(cache_strides: Sequence[int]) -> str | None:
 
 def prefill_route(config: Any) -> str:
     """The kernel the metadata builder sends prefill rows to: the plugin config's
-    attention.prefill_kernel (SM70_PREFILL_ATTENTION), checked against PREFILL_KERNELS."""
-    kernel = config.attention.prefill_kernel
-    if kernel not in PREFILL_KERNELS:
-        raise AttentionConfigError(f"{PREFILL_SETTING}={kernel}: not one of "
-                                   f"{', '.join(PREFILL_KERNELS)}")
-    return kernel
+    attention.prefill_kernel (SM70_PREFILL_ATTENTION); check_prefill_kernel refuses one
+    that is not in PREFILL_KERNELS, right after, with the page it must read."""
+    return config.attention.prefill_kernel
 
 
 def check_prefill_kernel(kernel: str, cache_strides: Sequence[int]) -> None:
