@@ -9,6 +9,9 @@ this interpreter or .serve-venv, tests/serve_venv.py).
   TP=2: column-parallel ranks' outputs are the full output's columns in vLLM's per-rank
   order, row-parallel ranks' partial products sum to the full correction (what the
   all-reduce adds);
+- one allocation per rank: every corrected layer of the folder attached from one source
+  lands in one storage, at aligned offsets, filling it as vllm_patch.clef.arena counts;
+  a layer attached twice, or outside the worker's pipeline stage, is refused by name;
 - refusals: a folder for another rank names SM70_CLEF_DIR, the file and the rule; a layer
   whose input width differs from the shard names the layer; the batch mask refuses a
   layout that is not vLLM's.
@@ -148,6 +151,42 @@ out["wrong_width"] = refusal(lambda: cc.attach_from(full, torch.nn.Module(),
                                                     torch.device("cpu")))
 out["no_folder"] = refusal(lambda: cc.source_from_folder(folder / "nope", TINY_CONFIG, 8, 1, 0))
 
+# --- one allocation per rank: every corrected layer of the folder, from one source
+from vllm_patch.clef.arena import aligned, arena_bytes, shard_sizes
+from vllm_patch.clef.layout import corrections, fused_slices
+from vllm_patch.clef.model_dims import model_dims
+from vllm_patch.clef.rows import layer_plan
+
+dims_ = model_dims(TINY_CONFIG)
+for tp_ in (1, 2):
+    src = cc.source_from_folder(folder, TINY_CONFIG, 8, tp_, tp_ - 1)
+    bufs = []
+    for (li, fused), _g in fused_slices(corrections(dims_)).items():
+        pre = f"{P}.{li}.{fused}"
+        plans = layer_plan(dims_, pre, tp_, tp_ - 1)
+        m_ = torch.nn.Module()
+        cc.attach_from(src, m_, pre, plans[-1].out_hi,
+                       sum(hi - lo for lo, hi in plans[0].a_cols), torch.device("cpu"))
+        bufs += list(m_.buffers())
+    base = src.arena.buf.data_ptr()
+    sizes = shard_sizes(dims_, 8, tp_)
+    out[f"arena_tp{tp_}"] = {
+        "storages": len({b.untyped_storage().data_ptr() for b in bufs}),
+        "offsets_aligned": all((b.data_ptr() - base) % 256 == 0 for b in bufs),
+        "nbytes": src.arena.nbytes, "rule": arena_bytes(sizes),
+        "used": src.arena.used, "placed": sum(aligned(n) for n in sizes),
+        "tensors": len(bufs), "counted": len(sizes)}
+    out[f"twice_tp{tp_}"] = refusal(lambda: cc.attach_from(
+        src, torch.nn.Module(), f"{P}.40.mlp.down_proj", 32, 48 // tp_, torch.device("cpu")))
+stage = cc.source_from_folder(folder, TINY_CONFIG, 8, 1, 0, layers=range(0, 42))
+out["other_stage"] = refusal(lambda: cc.attach_from(
+    stage, torch.nn.Module(), f"{P}.43.self_attn.qkv_proj", 96, 32, torch.device("cpu")))
+out["stage_nbytes"] = stage.arena.nbytes
+out["stage_rule"] = arena_bytes(shard_sizes(dims_, 8, 1, range(0, 42)))
+out["stage_counted"] = len(shard_sizes(dims_, 8, 1, range(0, 42)))
+out["stage_corrections"] = 2 * sum(1 for c in corrections(dims_) if c.layer in (40, 41))
+out["all_counted"] = len(shard_sizes(dims_, 8, 1))
+
 # --- the batch mask
 rows = cc.ClefRows()
 rows.set_batch([0, 2, 5, 6], [False, True, False], 8, torch.device("cpu"))
@@ -200,6 +239,29 @@ def test_loader_refusals_name_the_setting_and_the_rule(result: dict) -> None:
     assert "has no clef.json" in result["no_folder"]
     assert "40.mlp.down_proj: 40 input features on this rank" in result["wrong_width"]
     assert "\n" not in result["wrong_rank"] + result["wrong_width"]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_ranks_shards_share_one_allocation_the_size_the_plan_counts(result: dict,
+                                                                         tp: int) -> None:
+    a = result[f"arena_tp{tp}"]
+    assert a["storages"] == 1
+    assert a["offsets_aligned"] is True
+    assert a["nbytes"] == a["rule"] and a["nbytes"] % (2 << 20) == 0
+    # every counted shard was placed, and nothing else
+    assert a["used"] == a["placed"] and a["tensors"] == a["counted"]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_layer_attached_twice_overflows_the_counted_bytes(result: dict, tp: int) -> None:
+    assert "bytes counted for them" in result[f"twice_tp{tp}"]
+    assert "corrected twice" in result[f"twice_tp{tp}"]
+
+
+def test_a_pipeline_stage_counts_and_holds_only_its_layers(result: dict) -> None:
+    assert "decoder layer 43 is not among this worker's layers (0-41)" in result["other_stage"]
+    assert result["stage_nbytes"] == result["stage_rule"]
+    assert result["stage_counted"] == result["stage_corrections"] < result["all_counted"]
 
 
 def test_the_batch_mask_is_rewritten_every_batch(result: dict) -> None:

@@ -17,6 +17,7 @@ from sm70ctl.plan import clef as plan_clef
 from sm70ctl.plan.model_config import builtin_config_path, load_config
 from sm70ctl.plan.plan import Gpu, PlanInputs, compute_plan
 from sm70ctl.plan.shapes import pp_layer_ranges
+from vllm_patch.clef.arena import ALIGN, SEGMENT, arena_bytes, shard_sizes
 from vllm_patch.clef.head import MAX_HEAD_PARAMS, REFERENCE_HEAD, head_params, parse_head_config
 from vllm_patch.clef.layout import corrections
 from vllm_patch.clef.model_dims import model_dims
@@ -51,7 +52,7 @@ def test_per_gpu_totals_match_the_format(tp: int, pp: int) -> None:
         count = sum(1 for c in FORMAT.values() if c.layer in layers)
         for g in plan.gpus[stage * tp:(stage + 1) * tp]:
             items = {i.key: i for i in g.items if i.section == "clef"}
-            assert items["clef.correction"].bytes == want
+            assert items["clef.correction"].detail["tensor_bytes"] == want
             assert items["clef.correction"].detail["linears"] == count
             head = items.get("clef.head")
             if stage == pp - 1:
@@ -70,3 +71,24 @@ def test_clef_off_adds_nothing() -> None:
     plan = compute_plan(MODEL, PlanInputs(path="target"), [Gpu(0, "a", V100),
                                                            Gpu(1, "b", V100)])
     assert not [i for g in plan.gpus for i in g.items if i.section == "clef"]
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(1, 1), (2, 1), (2, 2), (1, 4)])
+@pytest.mark.parametrize("rank", [64, 200, 256])
+def test_per_gpu_correction_is_the_loaders_one_allocation(tp: int, pp: int, rank: int) -> None:
+    # the loader places a GPU's shards in one allocation (vllm_patch.clef.arena); the plan
+    # must count that allocation, alignment and rounding included (rank 200 makes shards
+    # that are not multiples of the alignment)
+    dims = model_dims(json.loads(REAL_CONFIG.read_text()))
+    gpus = [Gpu(i, str(i), V100) for i in range(tp * pp)]
+    plan = compute_plan(MODEL, PlanInputs(path="target", clef=True, tensor_parallel_size=tp,
+                                          pipeline_parallel_size=pp, clef_rank=rank), gpus)
+    for stage, layers in enumerate(pp_layer_ranges(MODEL.num_layers, pp)):
+        want = arena_bytes(shard_sizes(dims, rank, tp, layers))
+        for g in plan.gpus[stage * tp:(stage + 1) * tp]:
+            items = {i.key: i for i in g.items if i.section == "clef"}
+            assert items["clef.correction"].bytes == want, (stage, g.gpu.index)
+
+
+def test_the_plan_and_the_loader_round_alike() -> None:
+    assert (plan_clef.SHARD_ALIGN, plan_clef.ARENA_ROUND) == (ALIGN, SEGMENT)

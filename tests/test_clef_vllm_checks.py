@@ -128,6 +128,18 @@ def test_memory_must_not_grow_after_the_first_burst() -> None:
     assert not d.no_growth(b[:1])  # one burst proves nothing
 
 
+def test_memory_fails_unless_the_one_allocation_is_the_plans() -> None:
+    m = {"correction_bytes": 4000, "format_bytes": 4000, "arena_rule_bytes": 2 << 20,
+         "storages": 1, "head_bytes": 10, "hook": ["installed"],
+         "allocator": {"block_bytes": 2 << 20}}
+    assert d.check_memory({"phases": {"memory": m}})["passed"]
+    for key, value in (("storages", 372), ("allocator", {"block_bytes": (2 << 20) + 512}),
+                       ("allocator", {"error": "no allocator block"}),
+                       ("correction_bytes", 3488), ("hook", [])):
+        bad = {**m, key: value}
+        assert not d.check_memory({"phases": {"memory": bad}})["passed"], key
+
+
 def test_scoring_fails_on_a_wrong_row_or_a_leak() -> None:
     case = {"got_scores": True, "got_hidden": True, "max_abs_err": 1e-5, "ref_scale": 0.02,
             "top5_overlap": 5, "top5_max_dlogprob": 1e-3}

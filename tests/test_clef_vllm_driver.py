@@ -34,7 +34,8 @@ def engines(reload_ok: bool = True) -> dict[str, Any]:
         http_ref={"response": th.score_body([[0.2, 0.8]])},
         stability=th.stability([th.burst() for _ in range(d.BURSTS)])["phases"]["stability"],
         memory={"correction_bytes": 5, "format_bytes": 5, "head_bytes": 3,
-                "hook": ["installed"], "allocator": {}},
+                "arena_rule_bytes": 2 << 20, "storages": 1, "hook": ["installed"],
+                "allocator": {"block_bytes": 2 << 20}},
         scoring={"cases": [], "left_in_store": {"partial": 0, "done": 0}})
     if not reload_ok:
         r["merged"]["phases"].pop("base16")

@@ -9,7 +9,10 @@ layer carries one per slice). A column-parallel layer keeps A whole and splits B
 (in_proj_qkv part by part, as vLLM splits q, k and v: the same byte count as a plain
 split), a row-parallel one splits A's columns and keeps B whole; in both cases one GPU holds
 r x (rows + cols) values where rows x cols is that GPU's shard of the base weight.
-tests/test_clef_plan.py holds this count equal to the format's shard shapes.
+The loader places a GPU's shards in one allocation, each at a 256-byte offset, the whole
+rounded up to 2 MiB, so the caching allocator hands out exactly that (vllm_patch/clef/
+arena.py says why); the plan counts the same. tests/test_clef_plan.py holds this count
+equal to the format's shard shapes and to the loader's rule.
 
 The schema head (about 65-128M parameters) reads the final hidden states; we plan the upper
 figure, 128,000,000 parameters in fp16, whole on the last pipeline stage's GPUs; the loader
@@ -24,6 +27,8 @@ from sm70ctl.plan.shapes import Tensor, _attention, _gdn, _mlp
 CLEF_LAYERS = 24  # the last 24 decoder layers (40-63 of 64)
 CLEF_HEAD_PARAMS = 128_000_000
 FP16 = 2
+SHARD_ALIGN = 256  # each shard's offset in the GPU's one allocation
+ARENA_ROUND = 2 << 20  # the allocation's rounding
 _LINEARS = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
     "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj",
@@ -49,12 +54,23 @@ def corrected_linears(m: ModelShape, tp: int, layers: range) -> list[Tensor]:
     return out
 
 
+def _up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def correction_bytes(linears: list[Tensor], rank: int) -> int:
+    """One GPU's allocation for the A [r, cols] and B [rows, r] shards of `linears`."""
+    placed = sum(_up(rank * n * FP16, SHARD_ALIGN) for t in linears for n in (t.cols, t.rows))
+    return _up(placed, ARENA_ROUND)
+
+
 def clef_items(m: ModelShape, tp: int, layers: range, last: bool,
                rank: int) -> list[tuple[str, str, int, dict]]:
     linears = corrected_linears(m, tp, layers)
-    correction = sum(rank * (t.rows + t.cols) * FP16 for t in linears)
+    correction = correction_bytes(linears, rank)
     items = [("clef.correction", f"Clef low-rank correction (r={rank}, fp16)", correction,
-              {"linears": len(linears), "rank": rank})]
+              {"linears": len(linears), "rank": rank,
+               "tensor_bytes": sum(rank * (t.rows + t.cols) * FP16 for t in linears)})]
     if last:
         items.append(("clef.head", "Clef schema head (128M params, fp16)",
                       CLEF_HEAD_PARAMS * FP16, {"params": CLEF_HEAD_PARAMS}))

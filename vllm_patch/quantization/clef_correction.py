@@ -16,19 +16,22 @@ torch.compile traces through them and the path (`rows.choose_path`) is chosen at
 
 Loading: `attach` reads `SM70_CLEF_DIR` (the plugin config's `clef.dir`) once per process,
 checked by `vllm_patch.clef.validate.validate_clef_dir` against the served model's config at
-this TP size, and copies each layer's shard to the layer's device after its weights load.
+this TP size, and copies each layer's shard to the layer's device after its weights load,
+into one allocation per rank sized by `vllm_patch.clef.arena` (the plan's rule, which says
+why one allocation).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from vllm_patch.clef.arena import aligned, arena_bytes, shard_sizes
 from vllm_patch.clef.errors import ClefError
 from vllm_patch.clef.model_dims import ModelDims, model_dims
 from vllm_patch.clef.rows import (
@@ -39,6 +42,7 @@ from vllm_patch.clef.rows import (
     choose_path,
     clef_token_ranges,
     layer_plan,
+    parse_prefix,
     row_mask_bytes,
 )
 from vllm_patch.clef.sharding import Ranges
@@ -281,24 +285,58 @@ def add_to_output(layer: torch.nn.Module, y: torch.Tensor, x: torch.Tensor) -> t
 
 # ------------------------------------------------------------------ loading
 def take(t: torch.Tensor, ranges: Ranges, dim: int) -> torch.Tensor:
-    """The parts of t along `dim` in `ranges`, joined in order (a rank's shard)."""
+    """The parts of t along `dim` in `ranges`, joined in order (a rank's shard; one part is a
+    view of t, which `ShardArena.place` copies)."""
     parts = [t.narrow(dim, lo, hi - lo) for lo, hi in ranges]
-    if len(parts) > 1:
-        return torch.cat(parts, dim=dim)
-    # a copy, not a view: a view would keep the whole tensor's storage alive on the device
-    return parts[0].clone(memory_format=torch.contiguous_format)
+    return torch.cat(parts, dim=dim) if len(parts) > 1 else parts[0]
+
+
+class ShardArena:
+    """One rank's single device allocation for its shards (`vllm_patch.clef.arena`), made at
+    the first shard placed; each shard is a view at the next aligned offset."""
+
+    def __init__(self, shard_bytes: Sequence[int]) -> None:
+        # room for exactly the counted shards: one more (a layer corrected twice, or one
+        # not counted) is refused, not hidden in the allocation's rounding
+        self.capacity = sum(aligned(n) for n in shard_bytes)
+        self.nbytes, self.used = arena_bytes(shard_bytes), 0
+        self.buf: torch.Tensor | None = None
+
+    def place(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+        n = t.numel() * t.element_size()
+        if self.used + aligned(n) > self.capacity:
+            raise ClefError(f"Clef's shards on this rank need more than the {self.capacity:,} "
+                            "bytes counted for them (vllm_patch.clef.arena.shard_sizes): a "
+                            "layer was corrected twice or is not among the counted ones")
+        if self.buf is None:
+            self.buf = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+        elif not _same_device(self.buf.device, device):
+            raise ClefError(f"Clef's shards of one rank on two devices ({self.buf.device}, "
+                            f"{device})")
+        out = self.buf[self.used:self.used + n].view(t.dtype).view(t.shape)
+        out.copy_(t)
+        self.used += aligned(n)
+        return out
 
 
 @dataclass
 class ClefSource:
-    """Where the corrections come from: the model's dims, this rank, and a fetch of one
-    whole tensor by name (from the checked folder, or from memory in tests)."""
+    """Where the corrections come from: the model's dims, this rank, Clef's rank, a fetch of
+    one whole tensor by name (from the checked folder, or from memory in tests), and the
+    decoder layers this worker holds (None: all; a pipeline stage its own), which size the
+    rank's one allocation."""
 
     dims: ModelDims
     tp: int
     tp_rank: int
     fetch: Callable[[str], torch.Tensor]
+    clef_rank: int
+    layers: Collection[int] | None = None
     attached: list[str] = field(default_factory=list)
+    arena: ShardArena = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.arena = ShardArena(shard_sizes(self.dims, self.clef_rank, self.tp, self.layers))
 
 
 def attach_from(source: ClefSource, layer: torch.nn.Module, prefix: str, output_size: int,
@@ -308,15 +346,28 @@ def attach_from(source: ClefSource, layer: torch.nn.Module, prefix: str, output_
                                               output_size)
     if not plans:
         return False
-    bounds: list[int] = []
-    for i, p in enumerate(plans):
+    where = parse_prefix(prefix)
+    if source.layers is not None and where is not None and where[0] not in source.layers:
+        held = f"{min(source.layers)}-{max(source.layers)}" if source.layers else "none"
+        raise ClefError(f"layer {prefix}: decoder layer {where[0]} is not among this "
+                        f"worker's layers ({held})")
+    shards = []
+    for p in plans:
         a = take(source.fetch(p.correction.a_name), p.a_cols, 1)
         b = take(source.fetch(p.correction.b_name), p.b_rows, 0)
         if a.shape[1] != input_size:
             raise ClefError(f"layer {prefix}: {input_size} input features on this rank, but "
                             f"{p.correction.a_name}'s shard has {a.shape[1]}")
-        layer.register_buffer(A_NAME.format(i), a.to(device, torch.float16), persistent=False)
-        layer.register_buffer(B_NAME.format(i), b.to(device, torch.float16), persistent=False)
+        if a.shape[0] != source.clef_rank or b.shape[1] != source.clef_rank:
+            raise ClefError(f"layer {prefix}: {p.correction.a_name} has rank {a.shape[0]} "
+                            f"and its B {b.shape[1]}, Clef's rank is {source.clef_rank}")
+        shards.append((a, b))
+    bounds: list[int] = []
+    for i, ((a, b), p) in enumerate(zip(shards, plans, strict=True)):
+        layer.register_buffer(A_NAME.format(i), source.arena.place(a.half(), device),
+                              persistent=False)
+        layer.register_buffer(B_NAME.format(i), source.arena.place(b.half(), device),
+                              persistent=False)
         bounds += [p.out_lo, p.out_hi]
     setattr(layer, BOUNDS, tuple(bounds))
     register_ops()
@@ -340,7 +391,7 @@ class _FolderFetch:
 
 
 def source_from_folder(folder: Path, model_config: Mapping[str, Any], rank: int, tp: int,
-                       tp_rank: int) -> ClefSource:
+                       tp_rank: int, layers: Collection[int] | None = None) -> ClefSource:
     """The checked folder as a source; a refusal names SM70_CLEF_DIR, the file and the rule."""
     from vllm_patch.clef.validate import validate_clef_dir
 
@@ -350,7 +401,8 @@ def source_from_folder(folder: Path, model_config: Mapping[str, Any], rank: int,
         raise ClefError(f"SM70_CLEF_DIR={folder}: {exc}") from None
     where = {n: lc.file for lc in checked.corrections
              for n in (lc.correction.a_name, lc.correction.b_name)}
-    return ClefSource(model_dims(model_config), tp, tp_rank, _FolderFetch(folder, where))
+    return ClefSource(model_dims(model_config), tp, tp_rank, _FolderFetch(folder, where), rank,
+                      layers)
 
 
 _source: list[ClefSource | None] = []
@@ -382,7 +434,8 @@ def served_source() -> ClefSource | None:
             device = torch.device("cuda", torch.cuda.current_device())
             src = source_from_folder(folder, hf, cfg.rank,
                                      get_tensor_model_parallel_world_size(),
-                                     get_tensor_model_parallel_rank())
+                                     get_tensor_model_parallel_rank(),
+                                     _stage_layers(model_dims(hf).num_layers))
             # the head is loaded with the corrections, while the weights load, so vLLM's
             # memory profile counts it; the runner hook (R6) marks Clef rows per step
             from vllm_patch.clef.head_forward import head_from_folder
@@ -392,6 +445,15 @@ def served_source() -> ClefSource | None:
             _hook.append(install())
         _source.append(src)
         return src
+
+
+def _stage_layers(num_layers: int) -> range:
+    """The decoder layers this worker's pipeline stage holds, as vLLM splits them."""
+    from vllm.distributed import get_pp_group
+    from vllm.distributed.utils import get_pp_indices
+
+    pp = get_pp_group()
+    return range(*get_pp_indices(num_layers, pp.rank_in_group, pp.world_size))
 
 
 _head: list[Any] = []

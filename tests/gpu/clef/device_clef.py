@@ -25,8 +25,8 @@ the next step runs), and DIR/summary.json after each:
 - head: the scoring head (the reference 111M-parameter config) against the head written
   out in plain PyTorch (head_reference.py, float64) on the same hidden states;
 - memory: torch.cuda.memory_allocated before/after attaching all 186 linears' shards at
-  TP=2 and TP=1, and after loading the head, against `sm70ctl plan`'s figures; the extra
-  peak of one corrected prefill call;
+  TP=2 and TP=1 (one allocation per rank, vllm_patch/clef/arena.py), and after loading
+  the head, against `sm70ctl plan`'s figures; the extra peak of one corrected prefill call;
 - compile: the layer under torch.compile(fullgraph): the path still chosen at run time.
 
 Tolerance of a Clef row (stated, over the batch's Clef rows):
@@ -58,8 +58,8 @@ for p in (ROOT, ROOT / "tests", HERE):
         sys.path.insert(0, str(p))
 
 # `sm70ctl plan`'s figures (tests/test_clef_device_figures.py holds them equal to the plan):
-# the correction per GPU at rank 256 (TP=2, TP=1) and the head's bound.
-PLAN_CORRECTION = {2: 944_160_768, 1: 1_400_733_696}
+# the correction's one allocation per GPU at rank 256 (TP=2, TP=1) and the head's bound.
+PLAN_CORRECTION = {2: 945_815_552, 1: 1_400_897_536}
 PLAN_HEAD_BYTES = 256_000_000
 RANK = 256
 DEV = "cuda"  # a CPU dry run of the script's logic sets "cpu" (with reference kernels)
@@ -191,10 +191,16 @@ class Factors:
         return self.cache[name]
 
 
-def source(tp: int, rank: int, fetch: Callable[[str], Any]) -> Any:
+# the decoder layers of CASES and the row-parallel step: a source's one allocation is sized
+# for these (the memory step's for every Clef layer)
+CASE_LAYERS = (40, 41, 43)
+
+
+def source(tp: int, rank: int, fetch: Callable[[str], Any],
+           layers: tuple[int, ...] | None = CASE_LAYERS) -> Any:
     from vllm_patch.quantization.clef_correction import ClefSource
 
-    return ClefSource(dims(), tp, rank, fetch)
+    return ClefSource(dims(), tp, rank, fetch, RANK, layers)
 
 
 def int8_layer(prefix: str, k: int, sizes: tuple[int, ...], gen: Any,
@@ -642,6 +648,7 @@ def plan_figures() -> dict[str, Any]:
 def step_memory(run: Run) -> dict[str, Any]:
     import torch
 
+    from vllm_patch.clef.arena import shard_sizes
     from vllm_patch.clef.layout import corrections, fused_slices
     from vllm_patch.clef.rows import layer_plan
     from vllm_patch.quantization import clef_correction
@@ -649,7 +656,7 @@ def step_memory(run: Run) -> dict[str, Any]:
     d = dims()
     res: dict[str, Any] = {"plan_here": plan_figures(), "plan_constants": PLAN_CORRECTION}
     for tp in (2, 1):
-        src = source(tp, 0, Factors(0, random=False))
+        src = source(tp, 0, Factors(0, random=False), layers=None)
         mods = []
         sync()
         before = torch.cuda.memory_allocated()
@@ -665,14 +672,18 @@ def step_memory(run: Run) -> dict[str, Any]:
             mods.append(mod)
         sync()
         delta = torch.cuda.memory_allocated() - before
-        held = sum(b.numel() * b.element_size() for mod in mods for b in mod.buffers())
-        # the caching allocator rounds each tensor up to 512 bytes
+        bufs = [b for mod in mods for b in mod.buffers()]
+        held = sum(b.numel() * b.element_size() for b in bufs)
+        storages = {b.untyped_storage().data_ptr() for b in bufs}
+        want_held = sum(shard_sizes(d, RANK, tp))
+        # one allocation per rank, a multiple of 2 MiB: the allocator hands out exactly it
         res[f"tp{tp}"] = {"measured_bytes": delta, "attached_tensor_bytes": held,
-                          "plan_bytes": PLAN_CORRECTION[tp],
+                          "format_tensor_bytes": want_held,
+                          "plan_bytes": PLAN_CORRECTION[tp], "storages": len(storages),
                           "vllm_layers": len(src.attached), "tensors": tensors,
-                          "agree": held == PLAN_CORRECTION[tp]
-                          and 0 <= delta - PLAN_CORRECTION[tp] <= 512 * tensors}
-        del mods
+                          "agree": held == want_held and len(storages) == 1
+                          and delta == PLAN_CORRECTION[tp]}
+        del mods, bufs, src
         torch.cuda.empty_cache()
     res["transient"] = transient_peak()
     plan_ok = all(res["plan_here"].get(tp, PLAN_CORRECTION[tp]) == PLAN_CORRECTION[tp]

@@ -424,27 +424,27 @@ def _worker_model(llm: Any) -> Any:
 
 
 def attached_bytes(model: Any, clef_dir: str) -> dict[str, Any]:
-    from vllm_patch.clef.layout import corrections
+    """What the engine's layers hold of the correction, against the format's count and the
+    plan's rule for the rank's one allocation (vllm_patch.clef.arena; one GPU here)."""
+    from vllm_patch.clef.arena import arena_bytes, shard_sizes
     from vllm_patch.clef.model_dims import model_dims
     from vllm_patch.quantization.clef_correction import _hook, served_head
 
-    buf = 0
-    layers = 0
-    for _n, mod in model.named_modules():
-        if hasattr(mod, "sm70_clef_bounds"):
-            layers += 1
-            for bn, b in mod.named_buffers(recurse=False):
-                if bn.startswith(("sm70_clef_a", "sm70_clef_b")):
-                    buf += b.numel() * b.element_size()
+    bufs = [b for _n, mod in model.named_modules() if hasattr(mod, "sm70_clef_bounds")
+            for bn, b in mod.named_buffers(recurse=False)
+            if bn.startswith(("sm70_clef_a", "sm70_clef_b"))]
+    layers = sum(1 for _n, mod in model.named_modules() if hasattr(mod, "sm70_clef_bounds"))
     cfg = json.loads((Path(clef_dir).parent / "model" / "int8" / "config.json").read_text())
-    want = sum(RANK * (sum(c.a_shape(RANK)[1:]) + c.b_shape(RANK)[0]) * 2
-               for c in corrections(model_dims(cfg)))
+    sizes = shard_sizes(model_dims(cfg), RANK, 1)
+    storages = sorted({b.untyped_storage().data_ptr() for b in bufs})
     head = served_head()
     head_bytes = 0 if head is None else sum(b.numel() * b.element_size()
                                             for b in head.buffers())
-    return {"corrected_layers": layers, "correction_bytes": buf, "format_bytes": want,
-            "head_bytes": head_bytes, "hook": list(_hook), "allocator": _safe(allocator_view,
-                                                                               model)}
+    return {"corrected_layers": layers,
+            "correction_bytes": sum(b.numel() * b.element_size() for b in bufs),
+            "format_bytes": sum(sizes), "arena_rule_bytes": arena_bytes(sizes),
+            "storages": len(storages), "head_bytes": head_bytes, "hook": list(_hook),
+            "allocator": _safe(allocator_block, storages[0] if storages else None)}
 
 
 def _safe(fn: Any, *args: Any) -> dict[str, Any]:
@@ -454,32 +454,24 @@ def _safe(fn: Any, *args: Any) -> dict[str, Any]:
         return {"error": traceback.format_exc()[-2000:]}
 
 
-def allocator_view(model: Any) -> dict[str, Any]:
-    """The same shard tensors allocated once more, counted two ways: `memory_allocated`
-    (the blocks the caching allocator hands out: 512-byte rounding, and a large-pool block
-    not split when its remainder would be at most 1 MiB) and the bytes requested. The
-    layers' memory step (device_clef.py) saw allocated above the tensors' bytes; if
-    requested equals the tensors here while allocated exceeds them, the allocator's
-    rounding is the difference, not the correction."""
+def allocator_block(ptr: int | None) -> dict[str, Any]:
+    """The caching allocator's own record (torch.cuda.memory_snapshot) of the block that
+    holds the shards' one allocation: the bytes it handed out for it and the bytes asked.
+    Attached one tensor each, the shards once took more than their bytes (the layers' memory
+    step, device_clef.py); the block's size is what the plan must equal."""
     import torch
 
-    bufs = [b for _n, mod in model.named_modules() if hasattr(mod, "sm70_clef_bounds")
-            for bn, b in mod.named_buffers(recurse=False)
-            if bn.startswith(("sm70_clef_a", "sm70_clef_b"))]
-    torch.cuda.synchronize()
-    s0 = torch.cuda.memory_stats()
-    copies = [b.clone() for b in bufs]
-    torch.cuda.synchronize()
-    s1 = torch.cuda.memory_stats()
-    out = {"tensors": len(copies),
-           "tensor_bytes": sum(c.numel() * c.element_size() for c in copies),
-           "allocated_delta": s1["allocated_bytes.all.current"]
-           - s0["allocated_bytes.all.current"]}
-    if "requested_bytes.all.current" in s1:
-        out["requested_delta"] = (s1["requested_bytes.all.current"]
-                                  - s0["requested_bytes.all.current"])
-    del copies
-    return out
+    if ptr is None:
+        return {"error": "no shard attached"}
+    for seg in torch.cuda.memory_snapshot():
+        addr = seg["address"]
+        for blk in seg["blocks"]:
+            here = blk.get("address", addr)
+            if here == ptr:
+                return {"block_bytes": blk["size"], "requested_bytes": blk.get("requested_size"),
+                        "state": blk["state"], "segment_bytes": seg["total_size"]}
+            addr = here + blk["size"]
+    return {"error": f"no allocator block starts at {ptr:#x}"}
 
 
 def _render(tok: Any, raw: dict[str, Any]) -> Any:
@@ -720,15 +712,14 @@ def check_stability(ours: dict[str, Any]) -> dict[str, Any]:
 def check_memory(ours: dict[str, Any]) -> dict[str, Any]:
     m = ours["phases"]["memory"]
     a = m.get("allocator") or {}
-    tb = a.get("tensor_bytes", 0)
+    block = a.get("block_bytes")
     return {"passed": m["correction_bytes"] == m["format_bytes"] and m["head_bytes"] > 0
-            and m["hook"] == ["installed"], **m,
+            and m["hook"] == ["installed"] and m.get("storages") == 1
+            and block == m.get("arena_rule_bytes"), **m,
             "figures": {"correction_bytes": m["correction_bytes"],
-                        "head_bytes": m["head_bytes"],
-                        "allocator_extra_bytes": (a["allocated_delta"] - tb
-                                                  if "allocated_delta" in a else None),
-                        "requested_extra_bytes": (a["requested_delta"] - tb
-                                                  if "requested_delta" in a else None)}}
+                        "head_bytes": m["head_bytes"], "allocation_bytes": block,
+                        "allocator_extra_bytes": (None if block is None
+                                                  else block - m["arena_rule_bytes"])}}
 
 
 def check_http(got: dict[str, Any] | None, ours: dict[str, Any],
