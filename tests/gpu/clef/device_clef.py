@@ -683,7 +683,9 @@ def step_memory(run: Run) -> dict[str, Any]:
                           "vllm_layers": len(src.attached), "tensors": tensors,
                           "agree": held == want_held and len(storages) == 1
                           and delta == PLAN_CORRECTION[tp]}
-        del mods, bufs, src
+        # `mod` too: the loop variable would keep the last layer, so this rank's whole
+        # allocation, alive into the next rank's count
+        del mods, bufs, src, mod
         torch.cuda.empty_cache()
     res["transient"] = transient_peak()
     plan_ok = all(res["plan_here"].get(tp, PLAN_CORRECTION[tp]) == PLAN_CORRECTION[tp]
