@@ -132,9 +132,12 @@ def test_http_verdict_combines_the_cases() -> None:
     got = {"base_completion": {"status": 200, "row": chat},
            "base_chat": {"passed": True}, "clef_chat_refused": {"passed": True},
            "clef_too_long": {"passed": True},
-           "clef_score": {"status": 200, "body": score_body([[0.2, 0.8]])}}
+           "clef_score": {"status": 200, "body": score_body([[0.2, 0.8]])},
+           "clef_no_drafts": h.no_drafts_verdict(3.0, 3.0, 9.0, 200)}
     v = h.judge(got, ours, d.HTTP_PROMPT_IDX, 0.02)
     assert all(c["passed"] for c in v.values())
+    assert not h.judge({**got, "clef_no_drafts": h.no_drafts_verdict(3.0, 4.0, 9.0, 200)},
+                       ours, d.HTTP_PROMPT_IDX, 0.02)["clef_no_drafts"]["passed"]
     got["clef_score"]["body"] = score_body([[0.6, 0.4]])
     assert not h.judge(got, ours, d.HTTP_PROMPT_IDX, 0.02)["clef_score"]["passed"]
     assert h.judge({}, ours, d.HTTP_PROMPT_IDX, 0.02)["base_chat"]["passed"] is None
@@ -144,3 +147,39 @@ def test_a_malformed_score_body_fails_its_case_only() -> None:
     ours = {"phases": {"http_ref": {"response": score_body([[0.2, 0.8]])}}}
     v = h.judge({"clef_score": {"status": 200, "body": "not json"}}, ours, 1, 0.02)
     assert v["clef_score"]["passed"] is False and "error" in v["clef_score"]
+
+
+METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"} 12.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny"} 36.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="tiny"} 1.7e9
+"""
+
+
+def test_verified_drafts_reads_only_the_drafts_counter() -> None:
+    assert h.verified_drafts(METRICS) == 12.0
+    two = METRICS + 'vllm:spec_decode_num_drafts_total{engine="1",model_name="tiny"} 3.0\n'
+    assert h.verified_drafts(two) == 15.0
+    assert h.verified_drafts("vllm:num_requests_running 0.0\n") is None
+
+
+def test_a_scoring_request_must_verify_no_draft_while_a_chat_does() -> None:
+    assert h.no_drafts_verdict(12.0, 12.0, 20.0, 200)["passed"]
+    # the scoring request entered speculation
+    assert not h.no_drafts_verdict(12.0, 13.0, 20.0, 200)["passed"]
+    # speculation off (or not counted): nothing is proven
+    assert not h.no_drafts_verdict(12.0, 12.0, 12.0, 200)["passed"]
+    assert not h.no_drafts_verdict(None, None, None, 200)["passed"]
+    # the scoring request failed
+    assert not h.no_drafts_verdict(12.0, 12.0, 20.0, 500)["passed"]
+
+
+def test_the_server_speculates_so_the_drafts_case_has_drafts_to_count(tmp_path: Path) -> None:
+    s = h.serve_settings(model_dir=str(tmp_path), clef_dir=str(tmp_path / "clef"),
+                         rank=d.RANK, share=0.04, work=str(tmp_path / "w"), startup_s=200,
+                         serve_python=sys.executable)
+    env = tmp_path / "serve.env"
+    env.write_text("".join(f"{k}={v}\n" for k, v in s.items()))
+    view = load_settings(env_file=env)
+    assert view.spec_method == "mtp" and view.spec_tokens == 3

@@ -67,7 +67,8 @@ def good_http() -> dict[str, Any]:
         "base_completion": {"status": 200, "row": ours["chat_only"][d.HTTP_PROMPT_IDX]},
         "base_chat": {"passed": True}, "clef_chat_refused": {"passed": True},
         "clef_too_long": {"passed": True},
-        "clef_score": {"status": 200, "body": th.score_body([[0.2, 0.8]])}}}
+        "clef_score": {"status": 200, "body": th.score_body([[0.2, 0.8]])},
+        "clef_no_drafts": {"passed": True}}}
 
 
 def test_good_stub_results_pass_every_step(tmp_path: Path,

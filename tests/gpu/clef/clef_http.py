@@ -14,8 +14,12 @@ its encoder profile would only cost start-up; the two-image bursts run on `ours`
 - `clef_too_long`: a scoring request of more than 16,384 prompt tokens is refused (HTTP 400,
   param `input`, the limit named);
 - `clef_score`: typed questions on POST /v1/clef/score: the per-option scores within
-  SCORE_TOL of the same request scored engine-side on `ours` (`score_reference`), the
-  same prompt token count.
+  SCORE_TOL of the same request scored engine-side on `ours` (`score_reference`, no
+  speculation there), the same prompt token count;
+- `clef_no_drafts`: the server runs MTP k=3 (serve's default method): vLLM's own counter
+  of verified drafts (`vllm:spec_decode_num_drafts` on /metrics) does not move over a
+  scoring request and does move over a base completion after it (speculation is live, and
+  a Clef request never enters it: routing.py).
 The pure parts (settings, rows from a completion, the verdicts) have CPU tests in
 tests/test_clef_http_cases.py.
 """
@@ -55,7 +59,8 @@ def serve_settings(*, model_dir: str, clef_dir: str, rank: int, share: float, wo
     on the attention backend of the engine-level reference rows it is judged against
     (ab_side.engine_kwargs: TRITON_ATTN). With serve's default SM70_PAGED the base completion
     kept every token but its log-probs moved 0.36 over 64 layers, past the tolerance the
-    same-kernel noise sets (r4 call 4): a kernel difference, not a routing one."""
+    same-kernel noise sets (r4 call 4): a kernel difference, not a routing one. Speculation
+    is on (MTP k=3, serve's default) so `clef_no_drafts` has drafts to count."""
     import openai_cases as oc
 
     s = oc.serve_settings(model_dir=model_dir, serve_python=serve_python, port=PORT,
@@ -64,7 +69,8 @@ def serve_settings(*, model_dir: str, clef_dir: str, rank: int, share: float, wo
               "SM70_CLEF_MAX_MODEL_LEN": str(CLEF_MAX_LEN),
               "SM70_MAX_MODEL_LEN": str(CLEF_MAX_LEN + 256), "SM70_LIMIT_IMAGES": "0",
               "SM70_LIMIT_VIDEOS": "0", "SM70_SERVED_MODEL_NAME": SERVED,
-              "SM70_ATTENTION_BACKEND": "TRITON_ATTN"})
+              "SM70_ATTENTION_BACKEND": "TRITON_ATTN", "SM70_SPEC_METHOD": "mtp",
+              "SM70_SPEC_TOKENS": "3"})
     return s
 
 
@@ -105,6 +111,36 @@ def score_verdict(http: Mapping[str, Any], engine: Mapping[str, Any],
     return {"passed": same_shape and diff is not None and diff <= tol and pt[0] == pt[1],
             "questions": len(a), "max_abs_score_diff": diff, "tolerance": tol,
             "prompt_tokens": list(pt)}
+
+
+DRAFTS_METRIC = "vllm:spec_decode_num_drafts"
+
+
+def verified_drafts(metrics: str) -> float | None:
+    """The server's count of verified drafts (summed over engines) from its /metrics text;
+    None when the counter is absent (speculation off, or stats disabled)."""
+    total, seen = 0.0, False
+    for line in metrics.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in (DRAFTS_METRIC, DRAFTS_METRIC + "_total"):
+            total += float(line.rsplit(" ", 1)[1])
+            seen = True
+    return total if seen else None
+
+
+def no_drafts_verdict(before: float | None, after_score: float | None,
+                      after_chat: float | None, score_status: int) -> dict[str, Any]:
+    """A scoring request verifies no draft while a chat request after it does (else the
+    counter proves nothing: speculation off, or not counted)."""
+    out: dict[str, Any] = {"passed": False, "score_status": score_status,
+                           "drafts_over_score": None, "drafts_over_chat": None}
+    if before is None or after_score is None or after_chat is None:
+        return out
+    out["drafts_over_score"] = after_score - before
+    out["drafts_over_chat"] = after_chat - after_score
+    out["passed"] = score_status == 200 and out["drafts_over_score"] == 0 \
+        and out["drafts_over_chat"] > 0
+    return out
 
 
 def refusal_ok(status: int, body: Any, param: str, needle: str) -> bool:
@@ -162,6 +198,16 @@ def http(method: str, url: str, body: Any = None, timeout: float = 60) -> tuple[
         return status, json.loads(raw)
     except ValueError:
         return status, raw.decode(errors="replace")[:2000]
+
+
+def http_text(url: str, timeout: float = 30) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (OSError, ValueError) as exc:
+        return 0, str(exc)
 
 
 def port_free(port: int = PORT) -> bool:
@@ -325,9 +371,24 @@ def run_cases(base: str, prompt: list[int], score_body: dict[str, Any],
         code, resp = http("POST", base + "/v1/clef/score", score_body)
         return {"status": code, "body": resp}
 
+    def drafts() -> float | None:
+        time.sleep(1.0)  # the server records a step's stats just after it answers
+        code, text = http_text(base + "/metrics")
+        return verified_drafts(text) if code == 200 else None
+
+    def clef_no_drafts() -> dict[str, Any]:
+        before = drafts()
+        code, _ = http("POST", base + "/v1/clef/score", score_body)
+        after_score = drafts()
+        http("POST", base + "/v1/completions", {
+            "model": SERVED, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0,
+            "ignore_eos": True})
+        return no_drafts_verdict(before, after_score, drafts(), code)
+
     for name, fn in (("base_completion", base_completion), ("base_chat", base_chat),
                      ("clef_chat_refused", clef_chat_refused),
-                     ("clef_too_long", clef_too_long), ("clef_score", clef_score)):
+                     ("clef_too_long", clef_too_long), ("clef_score", clef_score),
+                     ("clef_no_drafts", clef_no_drafts)):
         case(name, fn)
     return got
 
@@ -344,7 +405,7 @@ def judge(got: Mapping[str, Any], ours: Mapping[str, Any], prompt_idx: int,
     else:
         v["base_completion"] = {"passed": False if "error" in bc or "status" in bc else None,
                                 "got": bc}
-    for name in ("base_chat", "clef_chat_refused", "clef_too_long"):
+    for name in ("base_chat", "clef_chat_refused", "clef_too_long", "clef_no_drafts"):
         g = got.get(name, {})
         v[name] = {"passed": bool(g.get("passed")) if g else None, **g}
     cs, ref = got.get("clef_score", {}), phases.get("http_ref")
