@@ -33,6 +33,7 @@ import argparse
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # vllm_patch
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> dict:
                                  ("two_pass_native", "native", two_pass)):
             row = {**base, "impl": impl}
             got = time_on_arch_path(kernels, row, path, ours, flops, peaks, result["errors"],
-                                    then=lambda fn=ours: from_first_state(fn))
+                                    then=partial(from_first_state, ours))
             if got is not None:
                 ours_out[impl] = got
             result["rows"].append(row)
@@ -223,7 +224,7 @@ def run(args: argparse.Namespace) -> dict:
                     if row.get("tokens") == tokens and row.get("seqs") == seqs and row.get("ms"):
                         row["speedup_vs_fla"] = fla_ms / row["ms"]
             save()
-        del qkv, a, b, state, work
+        del qkv, a, b, state, work, from_first_state
         ours_out.clear()
         torch.cuda.empty_cache()
     save()
