@@ -131,7 +131,7 @@ class OpsJob:
     mutant_s: float  # the mutant step's share of the budget: its builds, then their tests
     tokens: str  # the default --tokens of the bench
     figures: Callable[[dict[str, Any]], dict[str, Any]]  # bench JSON -> the step's figures
-    error_maxima: bool = False  # the tests step also records the error log's maxima
+    record_error_maxima: bool = False  # the tests step also records the error log's maxima
 
 
 def step_env(errors_log: Path) -> dict[str, str]:
@@ -154,7 +154,7 @@ def tests_step(job: OpsJob, out: Path, timeout: float, env: dict[str, str]) -> d
         out / f"{job.name}_tests.log", timeout, env)
     step["counts"] = junit_counts(junit)
     step["failed"] = failed_tests(junit)
-    if job.error_maxima:
+    if job.record_error_maxima:
         step["error_over_bound_max"] = error_maxima(Path(env["SM70_GPU_ERROR_LOG"]))
     return step
 

@@ -58,7 +58,7 @@ JOB = ops_job.OpsJob(
     tests="tests/gpu/test_gdn_chunk_gpu.py",
     mutants=("gdn-chunk-decay-one-token-late", "gdn-two-pass-decay-one-token-late"),
     mutant_s=400.0,  # two whole-extension builds, then their tests
-    tokens="8192,32768", figures=bench_figures, error_maxima=True)
+    tokens="8192,32768", figures=bench_figures, record_error_maxima=True)
 
 
 def main(argv: list[str] | None = None) -> int:
