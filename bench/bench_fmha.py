@@ -28,14 +28,18 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # vllm_patch
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benches' helpers
 
-from bench_io import md_table, new_result, run_and_report, write_result  # noqa: E402
+from bench_io import cell, md_table, new_result, run_and_report, tensor_core_parser, write_result
 
 # peak_flops: the ceiling's FLOP count, still read from this module by its tests
-from gpu_timing import peak_flops, record_peaks, time_against_peaks, time_ms  # noqa: E402, F401
+from gpu_timing import (  # noqa: F401
+    peak_flops,
+    record_peaks,
+    time_against_peaks,
+    time_on_arch_path,
+)
 
 HEAD_DIM = 256
 
@@ -59,15 +63,10 @@ def case_shape(tokens: int, chunk: int) -> tuple[int, int]:
 
 def markdown(rows: list[dict]) -> str:
     """The rows as a markdown table (pure)."""
-    cells = []
-    for r in rows:
-        ms = f"{r['ms']:.3f}" if r.get("ms") is not None else "-"
-        tf = f"{r['tflops']:.1f}" if r.get("tflops") is not None else "-"
-        fr = r.get("frac_of_m8n8k4_peak")
-        frs = f"{100 * fr:.1f} %" if fr is not None else "-"
-        note = r.get("error") or r.get("note") or ""
-        cells.append((r.get("tokens", "-"), r.get("ctx", "-"), r.get("q_len", "-"), r["impl"],
-                      ms, tf, frs, note[:80]))
+    cells = [(r.get("tokens", "-"), r.get("ctx", "-"), r.get("q_len", "-"), r["impl"],
+              cell(r.get("ms"), ".3f"), cell(r.get("tflops"), ".1f"),
+              cell(r.get("frac_of_m8n8k4_peak"), ".1f", 100, " %"),
+              (r.get("error") or r.get("note") or "")[:80]) for r in rows]
     return md_table(("tokens", "ctx", "q_len", "impl", "ms", "TFLOP/s", "of m8n8k4 peak",
                      "note"), cells) + "\n"
 
@@ -147,16 +146,11 @@ def run(args: argparse.Namespace) -> dict:
         ours_out = None
         for impl, path in (("sm70_volta", "sm70"), ("sm70_native", "native")):
             row = {**base, "impl": impl}
-            try:
-                kernels.set_arch_path(path)
-                time_against_peaks(row, ours, flops, peaks)
-                if impl == "sm70_volta":
-                    ours_out = ours()
-            except Exception as exc:
-                row["error"] = repr(exc)[:300]
-                result["errors"].append(f"{impl} {tokens}: {traceback.format_exc()[-800:]}")
-            finally:
-                kernels.set_arch_path("native")
+            # the Volta path's output is the one the other impls are compared with
+            got = time_on_arch_path(kernels, row, path, ours, flops, peaks, result["errors"],
+                                    then=ours if impl == "sm70_volta" else None)
+            if impl == "sm70_volta":
+                ours_out = got
             result["rows"].append(row)
             save()
 
@@ -177,8 +171,7 @@ def run(args: argparse.Namespace) -> dict:
                 return F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask,
                                                       scale=sm_scale)
 
-            row["ms"] = time_ms(sdpa)
-            row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
+            time_against_peaks(row, sdpa, flops, {})  # no fractions: the ceilings are ours
             if ours_out is not None:
                 want = sdpa()[0].transpose(0, 1).float()
                 row["max_err_vs_sdpa"] = float((ours_out.float() - want).abs().max())
@@ -216,8 +209,7 @@ def run(args: argparse.Namespace) -> dict:
                         k_scale_cache=ks2, v_scale_cache=vs2,
                     )
 
-                row["ms"] = time_ms(triton)
-                row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
+                time_against_peaks(row, triton, flops, {})
                 if ours_out is not None:
                     want = out.float()
                     row["rel_err_vs_ours"] = float((ours_out.float() - want).norm() / want.norm())
@@ -234,14 +226,11 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="JSON file (a .md table is written beside)")
-    ap.add_argument("--tokens", default="8192,16384,32768", help="context + chunk, per case")
+    ap = tensor_core_parser(__doc__, "8192,16384,32768", "context + chunk, per case")
     ap.add_argument("--chunk", type=int, default=2048, help="new query tokens per case")
     ap.add_argument("--hq", type=int, default=24)
     ap.add_argument("--hkv", type=int, default=4)
     ap.add_argument("--block-size", type=int, default=64)
-    ap.add_argument("--budget-s", type=float, default=600.0)
     args = ap.parse_args(argv)
     try:
         parse_tokens(args.tokens)

@@ -33,15 +33,15 @@ import argparse
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # vllm_patch
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benches' helpers
 
-from bench_fmha import parse_tokens  # noqa: E402
-from bench_io import md_table, new_result, run_and_report, write_result  # noqa: E402
-from gpu_timing import record_peaks, time_against_peaks, time_ms  # noqa: E402
+from bench_fmha import parse_tokens
+from bench_io import cell, md_table, new_result, run_and_report, tensor_core_parser, write_result
+from gpu_timing import record_peaks, time_against_peaks, time_on_arch_path
 
 CHUNK = 64
 D = 128
@@ -73,17 +73,10 @@ def split_lengths(tokens: int, seqs: int) -> list[int]:
 
 def markdown(rows: list[dict]) -> str:
     """The rows as a markdown table (pure)."""
-    cells = []
-    for r in rows:
-        ms = f"{r['ms']:.3f}" if r.get("ms") is not None else "-"
-        tf = f"{r['tflops']:.2f}" if r.get("tflops") is not None else "-"
-        fr = r.get("frac_of_m8n8k4_peak")
-        frs = f"{100 * fr:.1f} %" if fr is not None else "-"
-        sp = r.get("speedup_vs_fla")
-        sps = f"{sp:.2f}x" if sp is not None else "-"
-        note = r.get("error") or r.get("note") or ""
-        cells.append((r.get("tokens", "-"), r.get("seqs", 1), r["impl"], ms, tf, frs, sps,
-                      note[:80]))
+    cells = [(r.get("tokens", "-"), r.get("seqs", 1), r["impl"], cell(r.get("ms"), ".3f"),
+              cell(r.get("tflops"), ".2f"), cell(r.get("frac_of_m8n8k4_peak"), ".1f", 100, " %"),
+              cell(r.get("speedup_vs_fla"), ".2f", suffix="x"),
+              (r.get("error") or r.get("note") or "")[:80]) for r in rows]
     return md_table(("tokens", "seqs", "impl", "ms", "TFLOP/s", "of m8n8k4 peak",
                      "vs FLA (prep+chunk)", "note"), cells) + "\n"
 
@@ -158,22 +151,21 @@ def run(args: argparse.Namespace) -> dict:
             return kernels.gdn_chunk_prefill_two_pass(qkv, a, b, a_log, dt_bias, work, qsl, idx,
                                                       init, h, scale, chunk_indices=ci)
 
+        def from_first_state(fn, work=work, state=state):
+            """fn's output and the sequences' final states, from the case's first state."""
+            work.copy_(state)
+            return fn(), work[1:].clone()
+
         ours_out = {}
         for impl, path, ours in (("sm70_volta", "sm70", one_pass),
                                  ("sm70_native", "native", one_pass),
                                  ("two_pass_volta", "sm70", two_pass),
                                  ("two_pass_native", "native", two_pass)):
             row = {**base, "impl": impl}
-            try:
-                kernels.set_arch_path(path)
-                time_against_peaks(row, ours, flops, peaks)
-                work.copy_(state)
-                ours_out[impl] = (ours(), work[1:].clone())
-            except Exception as exc:
-                row["error"] = repr(exc)[:300]
-                result["errors"].append(f"{impl} {tokens}: {traceback.format_exc()[-800:]}")
-            finally:
-                kernels.set_arch_path("native")
+            got = time_on_arch_path(kernels, row, path, ours, flops, peaks, result["errors"],
+                                    then=partial(from_first_state, ours))
+            if got is not None:
+                ours_out[impl] = got
             result["rows"].append(row)
             save()
 
@@ -203,10 +195,9 @@ def run(args: argparse.Namespace) -> dict:
                 for impl, fn in (("fla_chunk", lambda p=parts: chunk(p)),
                                  ("fla_prep_chunk", lambda: chunk(prep()))):
                     row = {**base, "impl": impl}
-                    row["ms"] = time_ms(fn)
-                    row["tflops"] = flops / (row["ms"] * 1e-3) / 1e12
-                    if "m8n8k4" in peaks:
-                        row["frac_of_m8n8k4_peak"] = row["tflops"] / peaks["m8n8k4"]
+                    # FLA's rows: the m8n8k4 fraction only (the table's column)
+                    time_against_peaks(row, fn, flops,
+                                       {k: v for k, v in peaks.items() if k == "m8n8k4"})
                     if impl == "fla_prep_chunk":
                         fla_ms = row["ms"]
                         o, final = chunk(parts)
@@ -233,7 +224,7 @@ def run(args: argparse.Namespace) -> dict:
                     if row.get("tokens") == tokens and row.get("seqs") == seqs and row.get("ms"):
                         row["speedup_vs_fla"] = fla_ms / row["ms"]
             save()
-        del qkv, a, b, state, work
+        del qkv, a, b, state, work, from_first_state
         ours_out.clear()
         torch.cuda.empty_cache()
     save()
@@ -241,13 +232,10 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="JSON file (a .md table is written beside)")
-    ap.add_argument("--tokens", default="8192,32768", help="tokens per case")
+    ap = tensor_core_parser(__doc__, "8192,32768", "tokens per case")
     ap.add_argument("--seqs", default="1,4", help="equal sequences the tokens are split into")
     ap.add_argument("--k-heads", type=int, default=16)
     ap.add_argument("--v-heads", type=int, default=48)
-    ap.add_argument("--budget-s", type=float, default=600.0)
     args = ap.parse_args(argv)
     try:
         for t in parse_tokens(args.tokens):

@@ -1,9 +1,11 @@
 """How the benches write what they measured: the JSON result (rewritten as rows come in, so
-a run cut short keeps what it had), a markdown table beside it, and the JSON of a run that
-failed before any row (pure Python: no torch)."""
+a run cut short keeps what it had), a markdown table beside it (and its cells), and the JSON
+of a run that failed before any row; the command line every tensor-core bench starts from
+(pure Python: no torch)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import traceback
@@ -37,6 +39,23 @@ def md_table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def cell(value: float | None, spec: str, scale: float = 1.0, suffix: str = "") -> str:
+    """A table cell: scale x value in format `spec`, then `suffix`; "-" when there is no
+    value (pure)."""
+    return "-" if value is None else f"{scale * value:{spec}}{suffix}"
+
+
+def tensor_core_parser(doc: str, tokens: str, tokens_help: str) -> argparse.ArgumentParser:
+    """A tensor-core bench's command line before its own options: --out (the JSON, the .md
+    table beside it), --tokens (default `tokens`) and --budget-s; the description is the
+    first paragraph of the bench's docstring `doc`."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="JSON file (a .md table is written beside)")
+    ap.add_argument("--tokens", default=tokens, help=tokens_help)
+    ap.add_argument("--budget-s", type=float, default=600.0)
+    return ap
 
 
 def new_result(what: str, device: str, shape: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,14 @@
 """How the benches time a GPU: CUDA events around one call, CUDA-graph replay, the copy
-yardstick, a plain streaming kernel over the same bytes and the tensor-core ceiling of
-fmha_tc_peak. torch is imported by each function, not here: the benches' pure parts (and
-their CPU tests) import this module on machines without a GPU."""
+yardstick, a plain streaming kernel over the same bytes, the tensor-core ceiling of
+fmha_tc_peak and our kernels timed against it on one architecture path. torch is imported
+by each function, not here: the benches' pure parts (and their CPU tests) import this module
+on machines without a GPU."""
 
 from __future__ import annotations
 
 import statistics
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -152,3 +154,22 @@ def time_against_peaks(row: dict[str, Any], fn: Callable[[], object], flops: flo
     for shape in PEAK_FLOPS_PER_MMA:
         if shape in peaks:
             row[f"frac_of_{shape}_peak"] = row["tflops"] / peaks[shape]
+
+
+def time_on_arch_path(kernels: Any, row: dict[str, Any], path: str, fn: Callable[[], object],
+                      flops: float, peaks: dict[str, float], errors: list[str],
+                      then: Callable[[], Any] | None = None) -> Any:
+    """Into `row` (its impl and tokens set): fn timed against the peaks (time_against_peaks)
+    on our kernels' architecture path `path`, then then() on that path too; the path goes
+    back to native whatever happens. A failure leaves its repr in row["error"], its
+    traceback in `errors`, and gives None; else then()'s value (None without it)."""
+    try:
+        kernels.set_arch_path(path)
+        time_against_peaks(row, fn, flops, peaks)
+        return None if then is None else then()
+    except Exception as exc:
+        row["error"] = repr(exc)[:300]
+        errors.append(f"{row['impl']} {row['tokens']}: {traceback.format_exc()[-800:]}")
+        return None
+    finally:
+        kernels.set_arch_path("native")

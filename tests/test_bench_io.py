@@ -132,3 +132,71 @@ def test_record_peaks_keeps_a_failure_as_an_error(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(gpu_timing, "measure_peaks", lambda kernels: {"m8n8k4": 13.9})
     assert gpu_timing.record_peaks(None, result) == {"m8n8k4": 13.9}
     assert result["peak_tflops"] == {"m8n8k4": 13.9}
+
+
+def test_cell_formats_a_value_and_marks_a_missing_one() -> None:
+    assert bench_io.cell(None, ".3f") == "-"
+    assert bench_io.cell(0.0, ".1f") == "0.0"  # zero is a value, not a missing one
+    assert bench_io.cell(2, ".3f") == "2.000"
+    assert bench_io.cell(0.25, ".1f", 100, " %") == "25.0 %"
+    assert bench_io.cell(1.5, ".2f", suffix="x") == "1.50x"
+
+
+def test_tensor_core_parser() -> None:
+    ap = bench_io.tensor_core_parser("First paragraph.\n\nMore.", "8192", "tokens per case")
+    ap.add_argument("--seqs", default="1")
+    args = ap.parse_args(["--out", "r.json"])
+    assert (args.out, args.tokens, args.budget_s, args.seqs) == ("r.json", "8192", 600.0, "1")
+    args = ap.parse_args(["--out", "r.json", "--tokens", "5,6", "--budget-s", "7"])
+    assert (args.tokens, args.budget_s) == ("5,6", 7.0)
+    assert ap.description == "First paragraph."
+    with pytest.raises(SystemExit):
+        ap.parse_args([])  # --out is required
+
+
+class _Kernels:
+    """The arch-path switch of our ops, recorded."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def set_arch_path(self, path: str) -> None:
+        self.paths.append(path)
+
+
+def test_time_on_arch_path_times_then_runs_then_on_that_path(clock: _Clock) -> None:
+    kernels = _Kernels()
+    clock.durations = [4.0]
+    row: dict[str, Any] = {"tokens": 8192, "impl": "sm70_volta"}
+    errors: list[str] = []
+
+    def then() -> str:
+        return f"output on {kernels.paths[-1]}"
+
+    got = gpu_timing.time_on_arch_path(kernels, row, "sm70", clock.call, 8e9, {"m8n8k4": 4.0},
+                                       errors, then=then)
+    assert got == "output on sm70" and errors == []
+    assert kernels.paths == ["sm70", "native"]
+    assert row["ms"] == 4.0 and row["frac_of_m8n8k4_peak"] == pytest.approx(0.5)
+    assert gpu_timing.time_on_arch_path(kernels, {"tokens": 1, "impl": "x"}, "native",
+                                        clock.call, 1.0, {}, errors) is None
+
+
+def test_time_on_arch_path_records_a_failure_and_goes_back_to_native(clock: _Clock) -> None:
+    kernels = _Kernels()
+
+    def broken() -> None:
+        raise RuntimeError("no sm70 path")
+
+    row: dict[str, Any] = {"tokens": 8192, "impl": "sm70_volta"}
+    errors: list[str] = []
+    assert gpu_timing.time_on_arch_path(kernels, row, "sm70", broken, 1.0, {}, errors) is None
+    assert row["error"] == "RuntimeError('no sm70 path')"
+    assert errors[0].startswith("sm70_volta 8192: Traceback") and "no sm70 path" in errors[0]
+    assert kernels.paths == ["sm70", "native"]
+    clock.durations = [1.0]
+    row = {"tokens": 64, "impl": "two_pass_native"}
+    assert gpu_timing.time_on_arch_path(kernels, row, "native", clock.call, 1.0, {}, errors,
+                                        then=broken) is None
+    assert "ms" in row and "error" in row and errors[1].startswith("two_pass_native 64: ")
+    assert kernels.paths[-1] == "native"

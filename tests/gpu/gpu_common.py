@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
 import torch
 
 FP16_U = 2.0**-11
@@ -45,6 +49,26 @@ def record(metric: str, value: float) -> None:
     test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"test": test, "metric": metric, "value": value}) + "\n")
+
+
+def child_marker(env_var: str, parent: str) -> pytest.MarkDecorator:
+    """Skip a test unless this is the child pytest that `run_child_tests` starts with
+    `env_var` set (`parent`: the test that starts it)."""
+    return pytest.mark.skipif(os.environ.get(env_var) != "1", reason=f"runs in {parent}")
+
+
+def run_child_tests(test_file: str, env_var: str, passed: int) -> None:
+    """Run `test_file`'s child_ tests in a child pytest with `env_var` = 1 (a crash inside
+    an op's error path then ends that child, not the whole GPU run); all must pass, and
+    `passed` of them must have run."""
+    path = Path(test_file).resolve()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "--noconftest", "-p",
+         "no:cacheprovider", "-k", "child_", str(path)],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, env_var: "1"}, cwd=path.parents[2])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert f"{passed} passed" in proc.stdout, proc.stdout[-2000:]
 
 
 def rel_err(out: torch.Tensor, want: torch.Tensor) -> float:

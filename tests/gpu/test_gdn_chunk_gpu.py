@@ -32,11 +32,6 @@ First run on an H200: tests/gpu/results/h200_gdn_chunk.json.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -47,7 +42,7 @@ pytestmark = [
 ]
 
 from gdn_chunk.tolerances import SCALE, magnitude, out_bound, state_bound  # noqa: E402
-from gpu_common import arch_paths, poison, record  # noqa: E402
+from gpu_common import arch_paths, child_marker, poison, record, run_child_tests  # noqa: E402
 
 from vllm_patch.ops import kernels  # noqa: E402
 from vllm_patch.ops import reference_gdn as ref  # noqa: E402
@@ -176,18 +171,11 @@ def test_gdn_chunk_gate_extremes(gates: str, op: str, arch: str) -> None:
 # The argument checks run in a child pytest (as in test_gdn_gpu.py): a crash inside an op's
 # error path must not end the whole GPU run.
 CHILD_ENV = "SM70_GDN_CHUNK_REJECT_CHILD"
-child_only = pytest.mark.skipif(os.environ.get(CHILD_ENV) != "1",
-                                reason="runs in test_gdn_chunk_argument_checks_in_a_child")
+child_only = child_marker(CHILD_ENV, "test_gdn_chunk_argument_checks_in_a_child")
 
 
 def test_gdn_chunk_argument_checks_in_a_child() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "--noconftest", "-p",
-         "no:cacheprovider", "-k", "child_", str(Path(__file__).resolve())],
-        capture_output=True, text=True, timeout=600, check=False,
-        env={**os.environ, CHILD_ENV: "1"}, cwd=Path(__file__).resolve().parents[2])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "1 passed" in proc.stdout, proc.stdout[-2000:]
+    run_child_tests(__file__, CHILD_ENV, passed=1)
 
 
 @child_only

@@ -24,11 +24,6 @@ Not yet run on a GPU (written in a session with no device time).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -38,7 +33,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-from gpu_common import FP16_U, poison, record  # noqa: E402
+from gpu_common import FP16_U, child_marker, poison, record, run_child_tests  # noqa: E402
 
 from vllm_patch.ops import kernels  # noqa: E402
 from vllm_patch.ops import reference_gdn as ref  # noqa: E402
@@ -200,18 +195,11 @@ def test_gdn_recurrent_gate_extremes(gates: str) -> None:
 # The argument checks run in a child pytest: a crash inside an op's error path (seen once on
 # a torch image, docs/kernels.md) must not end the whole GPU run.
 CHILD_ENV = "SM70_GDN_REJECT_CHILD"
-child_only = pytest.mark.skipif(os.environ.get(CHILD_ENV) != "1",
-                                reason="runs in test_gdn_argument_checks_in_a_child")
+child_only = child_marker(CHILD_ENV, "test_gdn_argument_checks_in_a_child")
 
 
 def test_gdn_argument_checks_in_a_child() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "--noconftest", "-p",
-         "no:cacheprovider", "-k", "child_", str(Path(__file__).resolve())],
-        capture_output=True, text=True, timeout=600, check=False,
-        env={**os.environ, CHILD_ENV: "1"}, cwd=Path(__file__).resolve().parents[2])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "2 passed" in proc.stdout, proc.stdout[-2000:]
+    run_child_tests(__file__, CHILD_ENV, passed=2)
 
 
 @child_only
