@@ -103,9 +103,6 @@ def jobs(py: str) -> list[Job]:
         Job("spec_gates", [py, str(ROOT / "tests/gpu/serving/device_spec_diag.py"), "--only",
                            "O0,ON,ONg,OA", "--work", "/tmp/spec_gates"],
             {"ops", "tiny", "warm"}, 0.12),
-        # the n-gram loss that remains after R7 / R8, traced step by step inside the engine
-        script("tests/gpu/serving/device_spec_trace.py", "spec_trace", {"ops", "tiny", "warm"},
-               0.08),
         # the real-shape slice A/B with the decode / prefill bench and the CUPTI op split;
         # it needs no warm-up engine (its own shapes), so it starts as soon as its
         # checkpoint exists
