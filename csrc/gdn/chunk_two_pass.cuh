@@ -16,7 +16,7 @@
 // Both tags as chunk_prefill.cuh (m8n8k4 for arch::Sm70, m16n8k16 for arch::Sm80).
 #pragma once
 
-#include "gdn/chunk_prefill.cuh"
+#include "gdn/chunk_common.cuh"
 
 namespace sm70 {
 
@@ -82,11 +82,9 @@ __global__ void __launch_bounds__(kGcThreads, 1)
   if (p.state_indices[(int64_t)n * p.indices_stride] <= 0) return;  // pass 2 writes zeros
   const int len = min(kGcChunk, eos - c0);
   const int h = hv / (p.num_v_heads / p.num_k_heads);
-  const float neg_a = -expf(p.A_log[hv]);
-  const float dt_bias = p.dt_bias_f32 ? p.dt_bias_f32[hv] : __half2float(p.dt_bias_f16[hv]);
+  const GdnHeadGate hg = gdn_head_gate(p, hv);
 
-  gc_load_normed(p, c0, len, h * kGcDk, p.scale, qs);
-  gc_load_normed(p, c0, len, (p.num_k_heads + h) * kGcDk, 1.f, ks);
+  gc_load_qk(p, c0, len, h, qs, ks);
   {  // the value head's 64 x 128 tile: 4 threads per row, 32 values each
     const int r = tid >> 2;
     const int cc = 32 * (tid & 3);
@@ -97,88 +95,16 @@ __global__ void __launch_bounds__(kGcThreads, 1)
 #pragma unroll
     for (int i = 0; i < 8; ++i) dst[i] = r < len ? src[i] : make_uint2(0u, 0u);
   }
-  if (tid < kGcChunk) {
-    float g = 0.f, beta = 0.f;
-    if (tid < len) {
-      const int64_t t = c0 + tid;
-      const float x = __half2float(p.a[t * p.a_stride + hv]) + dt_bias;
-      const float bx = __half2float(p.b[t * p.b_stride + hv]);
-      const float softplus = x <= 20.f ? log1pf(expf(x)) : x;
-      g = neg_a * softplus;
-      beta = 1.f / (1.f + expf(-bx));
-    }
-    gcum[tid] = g;
-    bet[tid] = beta;
-  }
-  __syncthreads();
-  if (warp == 0) {  // inclusive cumsum of g, as in chunk_prefill.cuh
-    const float x0 = gcum[2 * lane], x1 = gcum[2 * lane + 1];
-    float s = x0 + x1;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, s, o);
-      if (lane >= o) s += y;
-    }
-    float excl = __shfl_up_sync(0xffffffffu, s, 1);
-    if (lane == 0) excl = 0.f;
-    gcum[2 * lane] = excl + x0;
-    gcum[2 * lane + 1] = s;
-  }
-  __syncthreads();
+  gc_chunk_gates(p, hg, c0, len, hv, gcum, bet);
   if (tid < len) sc.gc[(int64_t)(c0 + tid) * p.num_v_heads + hv] = gcum[tid];
 
-  // A below the diagonal, 1 on it, 0 above (as chunk_prefill.cuh)
-  {
-    const int rt = warp >> 1;
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int ct = 2 * (warp & 1) + e;
-      float acc[8];
-      gc_zero(acc);
-      if (ct <= rt)
-        gc_mma<Arch, kGcDk, true, kGcBK>(acc, ks + 16 * rt * kGcKPitch, kGcKPitch, 1,
-                                        ks + 16 * ct * kGcKPitch, 1, kGcKPitch);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int r = 16 * rt + Tile::row(lane, i);
-        const int c = 16 * ct + Tile::col(lane, i);
-        float x = 0.f;
-        if (c == r) {
-          x = 1.f;
-        } else if (c < r && r < len) {
-          x = acc[i] * bet[r] * expf(gcum[r] - gcum[c]);
-        }
-        as[r * kGcAPitch + c] = x;
-      }
-    }
-  }
+  gc_build_a<Arch>(ks, gcum, bet, len, as);
   __syncthreads();
 
   const int64_t row_stride = (int64_t)p.num_v_heads;  // scratch rows: token, then head
   if (warp < 2) {
-    // T = (I + A)^-1, one column per thread (as chunk_prefill.cuh), into Tw and Tu
-    const int c = tid;
-    float x[kGcChunk];
-#pragma unroll
-    for (int i = 0; i < kGcChunk; ++i) {
-      const float* arow = as + i * kGcAPitch;
-      float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-      for (int j = 0; j + 1 < i; j += 2) {
-        const float2 a2 = *reinterpret_cast<const float2*>(arow + j);
-        s0 = fmaf(a2.x, x[j], s0);
-        s1 = fmaf(a2.y, x[j + 1], s1);
-      }
-      if (i & 1) s0 = fmaf(arow[i - 1], x[i - 1], s0);
-      x[i] = (i == c ? 1.f : 0.f) - (s0 + s1);
-    }
-    const float bc = bet[c];
-    const float bgc = bc * expf(gcum[c]);
-#pragma unroll
-    for (int i = 0; i < kGcChunk; ++i) {
-      tw[i * kGcTPitch + c] = __float2half_rn(x[i] * bgc);
-      tu[i * kGcTPitch + c] = __float2half_rn(x[i] * bc);
-    }
+    // T = (I + A)^-1, one column per thread, into Tw and Tu
+    gc_solve_t(as, gcum, bet, tid, tw, tu);
   } else {
     // meanwhile warps 2..7: P = Q K^T e^(G_i - G_j) for j <= i, zeros above, to scratch;
     // the 16 tiles of 64 x 64 go round the six warps
@@ -186,10 +112,7 @@ __global__ void __launch_bounds__(kGcThreads, 1)
       const int rt = t >> 2;
       const int ct = t & 3;
       float acc[8];
-      gc_zero(acc);
-      if (ct <= rt)
-        gc_mma<Arch, kGcDk, true, kGcBK>(acc, qs + 16 * rt * kGcKPitch, kGcKPitch, 1,
-                                        ks + 16 * ct * kGcKPitch, 1, kGcKPitch);
+      gc_lower_tile<Arch>(acc, qs, ks, rt, ct);
 #pragma unroll
       for (int i = 0; i < 8; i += 2) {
         const int r = 16 * rt + Tile::row(lane, i);
@@ -257,7 +180,6 @@ template <class Arch>
 __global__ void __launch_bounds__(kGcThreads, 1)
     gdn_chunk_state_kernel(const GdnChunkParams p, const GdnTwoPassScratch sc) {
   extern __shared__ __align__(16) unsigned char g2_smem[];
-  using Tile = GcTile<Arch>;
   __half* qs = reinterpret_cast<__half*>(g2_smem);
   __half* ks = reinterpret_cast<__half*>(g2_smem + kG2OffSK);
   __half* ws = reinterpret_cast<__half*>(g2_smem + kG2OffSW);
@@ -271,8 +193,6 @@ __global__ void __launch_bounds__(kGcThreads, 1)
   const int hv = blockIdx.y;
   const int n = blockIdx.z;
   const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
   const int v0 = slice * kGcBV;
   const int bos = p.query_start_loc[n];
   const int eos = p.query_start_loc[n + 1];
@@ -281,8 +201,7 @@ __global__ void __launch_bounds__(kGcThreads, 1)
   const int64_t out_tok = (int64_t)p.num_v_heads * kGcDv;
   __half* out = p.out + (int64_t)hv * kGcDv + v0;
   if (slot <= 0) {  // padding: zero output, no state
-    for (int e = tid; e < (eos - bos) * kGcBV; e += kGcThreads)
-      out[(int64_t)(bos + e / kGcBV) * out_tok + e % kGcBV] = __float2half(0.f);
+    gc_zero_outputs(out, bos, eos, out_tok);
     return;
   }
   const int h = hv / (p.num_v_heads / p.num_k_heads);
@@ -290,21 +209,11 @@ __global__ void __launch_bounds__(kGcThreads, 1)
   const bool init = p.has_initial_state != nullptr && p.has_initial_state[n];
 
   float hreg[2][8];
-#pragma unroll
-  for (int c = 0; c < 2; ++c)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int d = 16 * warp + Tile::row(lane, i);
-      const int v = 16 * c + Tile::col(lane, i);
-      const float x = init ? state[v * kGcDk + d] : 0.f;
-      hreg[c][i] = x;
-      hs[v * kGcKPitch + d] = __float2half_rn(x);
-    }
+  gc_state_load<Arch>(state, init, hreg, hs);
 
   for (int c0 = bos; c0 < eos; c0 += kGcChunk) {
     const int len = min(kGcChunk, eos - c0);
-    gc_load_normed(p, c0, len, h * kGcDk, p.scale, qs);
-    gc_load_normed(p, c0, len, (p.num_k_heads + h) * kGcDk, 1.f, ks);
+    gc_load_qk(p, c0, len, h, qs, ks);
     g2_load_rows(sc.w, p.num_v_heads, kGcDv, hv, c0, len, 0, kGcDv, ws, kGcKPitch);
     g2_load_rows(sc.pm, p.num_v_heads, kGcChunk, hv, c0, len, 0, kGcChunk, ps, kGcTPitch);
     g2_load_rows(sc.u, p.num_v_heads, kGcDv, hv, c0, len, v0, kGcBV, us, kGcVPitch);
@@ -312,74 +221,18 @@ __global__ void __launch_bounds__(kGcThreads, 1)
       gcum[tid] = sc.gc[(int64_t)(c0 + min(tid, len - 1)) * p.num_v_heads + hv];
     __syncthreads();
 
-    // V' = U - W H (one tile per warp, into U)
-    {
-      const int rt = warp >> 1;
-      float acc[8];
-      gc_zero(acc);
-      gc_mma<Arch, kGcDk, true, kGcBK>(acc, ws + 16 * rt * kGcKPitch, kGcKPitch, 1,
-                                      hs + 16 * (warp & 1) * kGcKPitch, 1, kGcKPitch);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        __half* u = us + (16 * rt + Tile::row(lane, i)) * kGcVPitch + 16 * (warp & 1) +
-                    Tile::col(lane, i);
-        *u = __float2half_rn(__half2float(*u) - acc[i]);
-      }
-    }
+    gc_v_new<Arch>(ws, hs, us);  // V' = U - W H
     __syncthreads();
 
     // O = diag(e^G) Q H + P V'; V' decayed to the chunk's end, transposed
-    {
-      const int rt = warp >> 1;
-      const int ct = warp & 1;
-      float acc[8];
-      gc_zero(acc);
-      gc_mma<Arch, kGcDk, true, kGcBK>(acc, qs + 16 * rt * kGcKPitch, kGcKPitch, 1,
-                                      hs + 16 * ct * kGcKPitch, 1, kGcKPitch);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] *= expf(gcum[16 * rt + Tile::row(lane, i)]);
-      gc_mma<Arch, kGcChunk, true, kGcBN>(acc, ps + 16 * rt * kGcTPitch, kGcTPitch, 1,
-                                          us + 16 * ct, kGcVPitch, 1);
-#pragma unroll
-      for (int i = 0; i < 8; i += 2) {
-        const int r = 16 * rt + Tile::row(lane, i);
-        if (r < len)
-          *reinterpret_cast<__half2*>(out + (int64_t)(c0 + r) * out_tok + 16 * ct +
-                                      Tile::col(lane, i)) = __floats2half2_rn(acc[i], acc[i + 1]);
-      }
-      const float g_last = gcum[kGcChunk - 1];
-      for (int e = tid; e < kGcChunk * kGcBV; e += kGcThreads) {
-        const int j = e / kGcBV;
-        const int v = e % kGcBV;
-        vdt[v * kGcVtPitch + j] =
-            __float2half_rn(__half2float(us[j * kGcVPitch + v]) * expf(g_last - gcum[j]));
-      }
-    }
+    gc_outputs<Arch>(qs, hs, ps, us, gcum, c0, len, out, out_tok, vdt);
     __syncthreads();
 
-    // H = e^(G_last) H + K^T (V' decayed)
-    {
-      const float decay = expf(gcum[kGcChunk - 1]);
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) hreg[c][i] *= decay;
-        gc_mma<Arch, kGcChunk, false, kGcBK>(hreg[c], ks + 16 * warp, 1, kGcKPitch,
-                                            vdt + 16 * c * kGcVtPitch, 1, kGcVtPitch);
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-          hs[(16 * c + Tile::col(lane, i)) * kGcKPitch + 16 * warp + Tile::row(lane, i)] =
-              __float2half_rn(hreg[c][i]);
-      }
-    }
+    gc_state_update<Arch>(ks, vdt, gcum, hreg, hs);  // H = e^(G_last) H + K^T (V' decayed)
     __syncthreads();
   }
 
-#pragma unroll
-  for (int c = 0; c < 2; ++c)
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      state[(16 * c + Tile::col(lane, i)) * kGcDk + 16 * warp + Tile::row(lane, i)] = hreg[c][i];
+  gc_state_store<Arch>(state, hreg);
 }
 
 #ifndef __CUDACC_RTC__

@@ -23,6 +23,7 @@
 #pragma once
 
 #include "common/sm70.cuh"
+#include "gdn/inputs.cuh"
 
 namespace sm70 {
 
@@ -34,16 +35,7 @@ constexpr int kGdnPer = kGdnDk / kGdnRowLanes;                // values per lane
 constexpr int kGdnRowsPerBlock = kGdnThreads / kGdnRowLanes;  // 16
 constexpr int kGdnMaxCols = 8;                                // state columns: 1 + k, k <= 7
 
-struct GdnRecurrentParams {
-  const __half* qkv;  // [T, 2 H dk + HV dv], token stride qkv_stride (elements)
-  int64_t qkv_stride;
-  const __half* a;  // [T, HV], token stride a_stride
-  int64_t a_stride;
-  const __half* b;
-  int64_t b_stride;
-  const float* A_log;         // [HV]
-  const float* dt_bias_f32;   // [HV], one of the two is set
-  const __half* dt_bias_f16;  // [HV]
+struct GdnRecurrentParams : GdnInputs {
   void* state;                // [slots, HV, dv, dk] float or int16, slot stride below
   int64_t state_slot_stride;  // elements
   float* state_scale;         // int16 only: [slots, HV, dv], slot stride below
@@ -178,8 +170,7 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(const GdnRec
   float st[kGdnPer];
   GdnStateRow<S>::load(state + slot0 * p.state_slot_stride + row_off,
                        p.state_scale + slot0 * p.scale_slot_stride + scale_off, j, st);
-  const float neg_a = -expf(p.A_log[hv]);
-  const float dt_bias = p.dt_bias_f32 ? p.dt_bias_f32[hv] : __half2float(p.dt_bias_f16[hv]);
+  const GdnHeadGate hg = gdn_head_gate(p, hv);
   const int q_off = h * kGdnDk;
   const int k_off = (p.num_k_heads + h) * kGdnDk;
   const int v_off = 2 * p.num_k_heads * kGdnDk + hv * kGdnDv + v;
@@ -190,8 +181,6 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(const GdnRec
     gdn_load_head(row + q_off, j, qf);
     gdn_load_head(row + k_off, j, kf);
     const float vin = __half2float(row[v_off]);
-    const float x = __half2float(p.a[(int64_t)t * p.a_stride + hv]) + dt_bias;
-    const float bx = __half2float(p.b[(int64_t)t * p.b_stride + hv]);
     float qq = 0.f, kk = 0.f;
 #pragma unroll
     for (int e = 0; e < kGdnPer; ++e) {
@@ -200,9 +189,9 @@ __global__ void __launch_bounds__(kGdnThreads) gdn_recurrent_kernel(const GdnRec
     }
     const float qs = rsqrtf(gdn_row_sum(qq) + 1e-6f) * p.scale;
     const float ks = rsqrtf(gdn_row_sum(kk) + 1e-6f);
-    const float softplus = x <= 20.f ? log1pf(expf(x)) : x;
-    const float decay = expf(neg_a * softplus);
-    const float beta = 1.f / (1.f + expf(-bx));
+    float g, beta;
+    gdn_gate(p, hg, t, hv, g, beta);
+    const float decay = expf(g);
     float hk = 0.f;
 #pragma unroll
     for (int e = 0; e < kGdnPer; ++e) {

@@ -17,19 +17,10 @@
 #include "gdn/conv1d.cuh"
 #include "gdn/recurrent_decode.cuh"
 #include "torch_bindings/bindings_common.h"
+#include "torch_bindings/gdn_checks.h"
 
 namespace sm70_bindings {
 namespace {
-
-std::string num(int64_t v) { return std::to_string(v); }
-
-// A [rows, ...] tensor whose rows may be strided (vLLM's views into wider buffers) but
-// whose last dimension is contiguous.
-void check_rows(const Tensor& t, const char* name, int64_t rows, int64_t cols) {
-  TORCH_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols && t.stride(1) == 1,
-              std::string(name) + " must be [" + num(rows) + ", " + num(cols) +
-                  "] with a contiguous last dimension");
-}
 
 // A per-slot state view [slots, ...inner] whose inner dimensions are contiguous (the slot
 // stride is the page stride of vLLM's hybrid allocation).
@@ -51,36 +42,16 @@ Tensor gdn_recurrent_decode(const Tensor& qkv, const Tensor& a, const Tensor& b,
                             const Tensor& query_start_loc, const Tensor& state_indices,
                             const std::optional<Tensor>& num_accepted, int64_t num_k_heads,
                             double scale) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{
-           &qkv, &a, &b, &A_log, &dt_bias, &state, &query_start_loc, &state_indices})
-    SM70_CHECK_CUDA(*t);
-  SM70_CHECK_DTYPE(qkv, at::kHalf);
-  SM70_CHECK_DTYPE(a, at::kHalf);
-  SM70_CHECK_DTYPE(b, at::kHalf);
-  SM70_CHECK_DTYPE(A_log, at::kFloat);
-  SM70_CHECK_DTYPE(query_start_loc, at::kInt);
-  SM70_CHECK_DTYPE(state_indices, at::kInt);
-  TORCH_CHECK(dt_bias.scalar_type() == at::kFloat || dt_bias.scalar_type() == at::kHalf,
-              "dt_bias must be float32 or float16");
+  SM70_CHECK_CUDA(state);
   const bool int16 = state.scalar_type() == at::kShort;
   TORCH_CHECK(int16 || state.scalar_type() == at::kFloat,
               "state must be float32 or int16 (with state_scale)");
   TORCH_CHECK(state.dim() == 4, "state must be [slots, HV, 128, 128]");
   const int64_t hv = state.size(1);
   check_slots(state, "state", {hv, sm70::kGdnDv, sm70::kGdnDk});
-  TORCH_CHECK(num_k_heads >= 1 && hv % num_k_heads == 0,
-              "num_k_heads must divide the state's " + num(hv) + " value heads, got " +
-                  num(num_k_heads));
-  const int64_t T = qkv.size(0);
-  check_rows(qkv, "qkv", T, 2 * num_k_heads * sm70::kGdnDk + hv * sm70::kGdnDv);
-  check_rows(a, "a", T, hv);
-  check_rows(b, "b", T, hv);
-  TORCH_CHECK(A_log.dim() == 1 && A_log.numel() == hv && A_log.is_contiguous() &&
-                  dt_bias.dim() == 1 && dt_bias.numel() == hv && dt_bias.is_contiguous(),
-              "A_log and dt_bias must be contiguous [" + num(hv) + "]");
-  // 8-byte loads of q/k and 16-byte (float32) or 8-byte (int16) loads of state rows
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(qkv.data_ptr()) % 8 == 0 && qkv.stride(0) % 4 == 0,
-              "qkv must be 8-byte aligned with a token stride that is a multiple of 4");
+  const int64_t T = check_gdn_inputs(qkv, a, b, A_log, dt_bias, num_k_heads, hv, sm70::kGdnDk,
+                                     sm70::kGdnDv, scale);
+  // 16-byte (float32) or 8-byte (int16) loads of state rows
   check_aligned16(state, "state");
   TORCH_CHECK(state.stride(0) % 4 == 0, "state's slot stride must be a multiple of 4");
   float* scale_ptr = nullptr;
@@ -96,43 +67,17 @@ Tensor gdn_recurrent_decode(const Tensor& qkv, const Tensor& a, const Tensor& b,
   } else {
     TORCH_CHECK(!state_scale.has_value(), "state_scale is for an int16 state only");
   }
-  const int64_t N = query_start_loc.numel() - 1;
-  TORCH_CHECK(query_start_loc.dim() == 1 && query_start_loc.is_contiguous() && N >= 0,
-              "query_start_loc must be a contiguous [N + 1]");
-  TORCH_CHECK(N <= 65535, "at most 65535 sequences per call, got " + num(N));
-  TORCH_CHECK((state_indices.dim() == 1 || state_indices.dim() == 2) &&
-                  state_indices.size(0) == N &&
-                  (state_indices.dim() == 1 || state_indices.stride(1) == 1),
-              "state_indices must be [N] or [N, 1 + k] with N = " + num(N));
+  const int64_t N = check_sequences(query_start_loc, state_indices, "[N, 1 + k]", true);
   const int64_t cols = state_indices.dim() == 2 ? state_indices.size(1) : 1;
   TORCH_CHECK(cols >= 1 && cols <= sm70::kGdnMaxCols,
               "state_indices must have 1.." + num(sm70::kGdnMaxCols) + " columns, got " +
                   num(cols));
-  const int32_t* acc = nullptr;
-  if (num_accepted.has_value()) {
-    SM70_CHECK_CUDA(*num_accepted);
-    SM70_CHECK_DTYPE(*num_accepted, at::kInt);
-    TORCH_CHECK(num_accepted->dim() == 1 && num_accepted->numel() == N &&
-                    num_accepted->is_contiguous(),
-                "num_accepted must be a contiguous [N]");
-    acc = num_accepted->data_ptr<int32_t>();
-  }
-  TORCH_CHECK(scale > 0, "scale must be positive");
+  const int32_t* acc = optional_per_sequence<int32_t>(num_accepted, "num_accepted", N, at::kInt,
+                                                      "a contiguous [N]");
   const c10::cuda::CUDAGuard guard(qkv.device());
   Tensor out = at::empty({T, hv, sm70::kGdnDv}, qkv.options());
   sm70::GdnRecurrentParams p{};
-  p.qkv = hptr(qkv);
-  p.qkv_stride = qkv.stride(0);
-  p.a = hptr(a);
-  p.a_stride = a.stride(0);
-  p.b = hptr(b);
-  p.b_stride = b.stride(0);
-  p.A_log = A_log.data_ptr<float>();
-  if (dt_bias.scalar_type() == at::kFloat) {
-    p.dt_bias_f32 = dt_bias.data_ptr<float>();
-  } else {
-    p.dt_bias_f16 = hptr(dt_bias);
-  }
+  fill_gdn_inputs(p, qkv, a, b, A_log, dt_bias);
   p.state = state.data_ptr();
   p.state_slot_stride = state.stride(0);
   p.state_scale = scale_ptr;
@@ -161,14 +106,9 @@ Tensor gdn_recurrent_decode(const Tensor& qkv, const Tensor& a, const Tensor& b,
 Tensor conv_prepare(const Tensor& x, Tensor& conv_state, const Tensor& weight,
                     const std::optional<Tensor>& bias, const Tensor& query_start_loc,
                     const Tensor& state_indices, bool silu, sm70::GdnConvParams& p) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&x, &conv_state, &weight,
-                                                              &query_start_loc, &state_indices})
-    SM70_CHECK_CUDA(*t);
-  SM70_CHECK_DTYPE(x, at::kHalf);
-  SM70_CHECK_DTYPE(conv_state, at::kHalf);
-  SM70_CHECK_DTYPE(weight, at::kHalf);
-  SM70_CHECK_DTYPE(query_start_loc, at::kInt);
-  SM70_CHECK_DTYPE(state_indices, at::kInt);
+  check_cuda_dtype(x, "x", at::kHalf);
+  check_cuda_dtype(conv_state, "conv_state", at::kHalf);
+  check_cuda_dtype(weight, "weight", at::kHalf);
   const int64_t T = x.size(0), D = x.dim() == 2 ? x.size(1) : -1;
   check_rows(x, "x", T, D);
   TORCH_CHECK(D > 0 && D % 2 == 0, "x must have an even number of channels, got " + num(D));
@@ -184,13 +124,7 @@ Tensor conv_prepare(const Tensor& x, Tensor& conv_state, const Tensor& weight,
   TORCH_CHECK(conv_state.stride(0) % 2 == 0 &&
                   reinterpret_cast<uintptr_t>(conv_state.data_ptr()) % 4 == 0,
               "conv_state must be 4-byte aligned with an even slot stride");
-  const int64_t N = query_start_loc.numel() - 1;
-  TORCH_CHECK(query_start_loc.dim() == 1 && query_start_loc.is_contiguous() && N >= 0,
-              "query_start_loc must be a contiguous [N + 1]");
-  TORCH_CHECK(N <= 65535, "at most 65535 sequences per call, got " + num(N));
-  TORCH_CHECK((state_indices.dim() == 1 || state_indices.dim() == 2) &&
-                  state_indices.size(0) == N,
-              "state_indices must be [N] or [N, 1 + k] with N = " + num(N));
+  check_sequences(query_start_loc, state_indices, "[N, 1 + k]", false);
   p.bias = nullptr;
   if (bias.has_value()) {
     SM70_CHECK_CUDA(*bias);
@@ -223,14 +157,9 @@ Tensor gdn_conv1d_update(const Tensor& x, Tensor& conv_state, const Tensor& weig
   const c10::cuda::CUDAGuard guard(x.device());
   sm70::GdnConvParams p{};
   Tensor out = conv_prepare(x, conv_state, weight, bias, query_start_loc, state_indices, silu, p);
-  if (num_accepted.has_value()) {
-    SM70_CHECK_CUDA(*num_accepted);
-    SM70_CHECK_DTYPE(*num_accepted, at::kInt);
-    TORCH_CHECK(num_accepted->dim() == 1 && num_accepted->numel() == state_indices.size(0) &&
-                    num_accepted->is_contiguous(),
-                "num_accepted must be a contiguous [N]");
-    p.num_accepted = num_accepted->data_ptr<int32_t>();
-  }
+  p.num_accepted = optional_per_sequence<int32_t>(num_accepted, "num_accepted",
+                                                  state_indices.size(0), at::kInt,
+                                                  "a contiguous [N]");
   sm70::launch_gdn_conv1d_update(p, (int)state_indices.size(0),
                                  c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -244,15 +173,9 @@ Tensor gdn_conv1d_prefill(const Tensor& x, Tensor& conv_state, const Tensor& wei
   const c10::cuda::CUDAGuard guard(x.device());
   sm70::GdnConvParams p{};
   Tensor out = conv_prepare(x, conv_state, weight, bias, query_start_loc, state_indices, silu, p);
-  if (has_initial_state.has_value()) {
-    SM70_CHECK_CUDA(*has_initial_state);
-    SM70_CHECK_DTYPE(*has_initial_state, at::kBool);
-    TORCH_CHECK(has_initial_state->dim() == 1 &&
-                    has_initial_state->numel() == state_indices.size(0) &&
-                    has_initial_state->is_contiguous(),
-                "has_initial_state must be a contiguous [N] bool");
-    p.has_initial_state = has_initial_state->data_ptr<bool>();
-  }
+  p.has_initial_state = optional_per_sequence<bool>(has_initial_state, "has_initial_state",
+                                                    state_indices.size(0), at::kBool,
+                                                    "a contiguous [N] bool");
   sm70::launch_gdn_conv1d_prefill(p, (int)state_indices.size(0), x.size(0),
                                   c10::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();

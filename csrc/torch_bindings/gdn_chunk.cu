@@ -1,8 +1,8 @@
 // torch bindings of the Gated DeltaNet chunked prefill (issue 23): torch.ops.sm70.
 // gdn_chunk_prefill (gdn/chunk_prefill.cuh, one pass) and gdn_chunk_prefill_two_pass
-// (gdn/chunk_two_pass.cuh: the same result, the chunk-parallel work apart). Checks the arguments, allocates
-// the output and launches on the current stream; vllm_patch/ops/reference_gdn.py
-// (gdn_prefill_reference) defines what it computes.
+// (gdn/chunk_two_pass.cuh: the same result, the chunk-parallel work apart). Checks the
+// arguments (gdn_checks.h), allocates the output and launches on the current stream;
+// vllm_patch/ops/reference_gdn.py (gdn_prefill_reference) defines what it computes.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -10,93 +10,38 @@
 #include <torch/library.h>
 
 #include <cstdint>
-#include <initializer_list>
 #include <optional>
 #include <string>
 
 #include "gdn/chunk_prefill.cuh"
 #include "gdn/chunk_two_pass.cuh"
 #include "torch_bindings/bindings_common.h"
+#include "torch_bindings/gdn_checks.h"
 
 namespace sm70_bindings {
 namespace {
-
-std::string num(int64_t v) { return std::to_string(v); }
-
-void check_token_rows(const Tensor& t, const char* name, int64_t rows, int64_t cols) {
-  TORCH_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols && t.stride(1) == 1,
-              std::string(name) + " must be [" + num(rows) + ", " + num(cols) +
-                  "] with a contiguous last dimension");
-}
 
 // The arguments both prefill ops share: checks them, fills p, returns the output (zeros).
 Tensor chunk_prepare(const Tensor& qkv, const Tensor& a, const Tensor& b, const Tensor& A_log,
                      const Tensor& dt_bias, Tensor& state, const Tensor& query_start_loc,
                      const Tensor& state_indices, const std::optional<Tensor>& has_initial_state,
                      int64_t num_k_heads, double scale, sm70::GdnChunkParams& p) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{
-           &qkv, &a, &b, &A_log, &dt_bias, &state, &query_start_loc, &state_indices})
-    SM70_CHECK_CUDA(*t);
-  SM70_CHECK_DTYPE(qkv, at::kHalf);
-  SM70_CHECK_DTYPE(a, at::kHalf);
-  SM70_CHECK_DTYPE(b, at::kHalf);
-  SM70_CHECK_DTYPE(A_log, at::kFloat);
-  SM70_CHECK_DTYPE(state, at::kFloat);
-  SM70_CHECK_DTYPE(query_start_loc, at::kInt);
-  SM70_CHECK_DTYPE(state_indices, at::kInt);
-  TORCH_CHECK(dt_bias.scalar_type() == at::kFloat || dt_bias.scalar_type() == at::kHalf,
-              "dt_bias must be float32 or float16");
+  check_cuda_dtype(state, "state", at::kFloat);
   TORCH_CHECK(state.dim() == 4 && state.size(2) == sm70::kGcDv && state.size(3) == sm70::kGcDk,
               "state must be [slots, HV, 128, 128]");
   const int64_t hv = state.size(1);
   TORCH_CHECK(state.stride(3) == 1 && state.stride(2) == sm70::kGcDk &&
                   (hv == 1 || state.stride(1) == sm70::kGcDv * sm70::kGcDk),
               "state must be contiguous within a slot (any slot stride)");
-  TORCH_CHECK(num_k_heads >= 1 && hv % num_k_heads == 0,
-              "num_k_heads must divide the state's " + num(hv) + " value heads, got " +
-                  num(num_k_heads));
-  const int64_t T = qkv.size(0);
-  check_token_rows(qkv, "qkv", T, 2 * num_k_heads * sm70::kGcDk + hv * sm70::kGcDv);
-  check_token_rows(a, "a", T, hv);
-  check_token_rows(b, "b", T, hv);
-  TORCH_CHECK(A_log.dim() == 1 && A_log.numel() == hv && A_log.is_contiguous() &&
-                  dt_bias.dim() == 1 && dt_bias.numel() == hv && dt_bias.is_contiguous(),
-              "A_log and dt_bias must be contiguous [" + num(hv) + "]");
-  // 8-byte loads of q, k and v
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(qkv.data_ptr()) % 8 == 0 && qkv.stride(0) % 4 == 0,
-              "qkv must be 8-byte aligned with a token stride that is a multiple of 4");
-  const int64_t N = query_start_loc.numel() - 1;
-  TORCH_CHECK(query_start_loc.dim() == 1 && query_start_loc.is_contiguous() && N >= 0,
-              "query_start_loc must be a contiguous [N + 1]");
-  TORCH_CHECK(N <= 65535, "at most 65535 sequences per call, got " + num(N));
-  TORCH_CHECK((state_indices.dim() == 1 || state_indices.dim() == 2) &&
-                  state_indices.size(0) == N,
-              "state_indices must be [N] or [N, S] with N = " + num(N));
-  const bool* init = nullptr;
-  if (has_initial_state.has_value()) {
-    SM70_CHECK_CUDA(*has_initial_state);
-    SM70_CHECK_DTYPE(*has_initial_state, at::kBool);
-    TORCH_CHECK(has_initial_state->dim() == 1 && has_initial_state->numel() == N &&
-                    has_initial_state->is_contiguous(),
-                "has_initial_state must be a contiguous [N] bool");
-    init = has_initial_state->data_ptr<bool>();
-  }
-  TORCH_CHECK(scale > 0, "scale must be positive");
+  const int64_t T = check_gdn_inputs(qkv, a, b, A_log, dt_bias, num_k_heads, hv, sm70::kGcDk,
+                                     sm70::kGcDv, scale);
+  const int64_t N = check_sequences(query_start_loc, state_indices, "[N, S]", false);
+  const bool* init = optional_per_sequence<bool>(has_initial_state, "has_initial_state", N,
+                                                 at::kBool, "a contiguous [N] bool");
   // rows outside every sequence stay zero, as the reference leaves them
   Tensor out = at::zeros({T, hv, sm70::kGcDv}, qkv.options());
   p = sm70::GdnChunkParams{};
-  p.qkv = hptr(qkv);
-  p.qkv_stride = qkv.stride(0);
-  p.a = hptr(a);
-  p.a_stride = a.stride(0);
-  p.b = hptr(b);
-  p.b_stride = b.stride(0);
-  p.A_log = A_log.data_ptr<float>();
-  if (dt_bias.scalar_type() == at::kFloat) {
-    p.dt_bias_f32 = dt_bias.data_ptr<float>();
-  } else {
-    p.dt_bias_f16 = hptr(dt_bias);
-  }
+  fill_gdn_inputs(p, qkv, a, b, A_log, dt_bias);
   p.state = state.data_ptr<float>();
   p.state_slot_stride = state.stride(0);
   p.query_start_loc = query_start_loc.data_ptr<int32_t>();
@@ -143,8 +88,7 @@ Tensor gdn_chunk_prefill_two_pass(const Tensor& qkv, const Tensor& a, const Tens
   sm70::GdnChunkParams p{};
   Tensor out = chunk_prepare(qkv, a, b, A_log, dt_bias, state, query_start_loc, state_indices,
                              has_initial_state, num_k_heads, scale, p);
-  SM70_CHECK_CUDA(chunk_indices);
-  SM70_CHECK_DTYPE(chunk_indices, at::kInt);
+  check_cuda_dtype(chunk_indices, "chunk_indices", at::kInt);
   TORCH_CHECK(chunk_indices.dim() == 2 && chunk_indices.size(1) == 2 &&
                   chunk_indices.is_contiguous(),
               "chunk_indices must be a contiguous [NT, 2] (sequence, chunk)");

@@ -64,6 +64,22 @@ LIMIT = r"ctx - QN \+ \(sm_row % QN\)\)"  # the newest key a query row may see
 TC_MMA = (r"(mma_m(?:16n8k16|8n8k4)\(\*reinterpret_cast<float\(\*\)\[(\d)\]>"
           r"\(cc\[j % CH\]\), (?:a|az), b\);)")
 
+# The GDN chunk kernels' call of the shared gate scan (gdn/chunk_common.cuh, gc_chunk_gates,
+# which ends at a barrier) and what a decay-one-token-late mutant writes after it: G_i made
+# exclusive, G_i - g_i = G_(i-1), the values an exclusive scan stores (both kernels have lane
+# and warp in scope there).
+GC_GATES_CALL = r"( *)(gc_chunk_gates\(p, hg, c0, len, hv, gcum, bet\);\n)"
+GC_EXCLUSIVE_SCAN = (
+    r"\1\2\1if (warp == 0) {\n"
+    r"\1  const float i0 = gcum[2 * lane], i1 = gcum[2 * lane + 1];\n"
+    r"\1  float prev = __shfl_up_sync(0xffffffffu, i1, 1);\n"
+    r"\1  if (lane == 0) prev = 0.f;\n"
+    r"\1  gcum[2 * lane] = prev;\n"
+    r"\1  gcum[2 * lane + 1] = i0;\n"
+    r"\1}\n"
+    r"\1__syncthreads();\n"
+)
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "gemv-zero-point-plus-one",
@@ -221,9 +237,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "gdn-chunk-decay-one-token-late",
         "the chunked prefill's within-chunk cumulative decay G_i leaves out token i's own "
-        "gate (an exclusive scan), so every decay is applied one token late",
-        (Edit(GDN_CHUNK, r"gcum\[2 \* lane\] = excl \+ x0;\n      gcum\[2 \* lane \+ 1\] = s;",
-              "gcum[2 * lane] = excl;\n      gcum[2 * lane + 1] = excl + x0;", 1),),
+        "gate (an exclusive scan), so every decay is applied one token late; the scan is "
+        "gdn/chunk_common.cuh's, shared with the two-pass prefill, so the bug is written after "
+        "this kernel's call of it (G shifted by one token) and the two-pass kernel stays right",
+        (Edit(GDN_CHUNK, GC_GATES_CALL, GC_EXCLUSIVE_SCAN, 1),),
         (
             (GDN_CHUNK_TEST, "test_gdn_chunk_lengths",
              {"length": 200, "init": True, "op": "one_pass"}),
@@ -235,9 +252,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "gdn-two-pass-decay-one-token-late",
         "the two-pass prefill's first pass scans the gates exclusively (each decay one token "
-        "late) in the G it hands the state pass and in its own A, T and P",
-        (Edit(GDN_TWO_PASS, r"gcum\[2 \* lane\] = excl \+ x0;\n    gcum\[2 \* lane \+ 1\] = s;",
-              "gcum[2 * lane] = excl;\n    gcum[2 * lane + 1] = excl + x0;", 1),),
+        "late) in the G it hands the state pass and in its own A, T and P (written after its "
+        "call of the shared scan, as gdn-chunk-decay-one-token-late does in the one-pass kernel)",
+        (Edit(GDN_TWO_PASS, GC_GATES_CALL, GC_EXCLUSIVE_SCAN, 1),),
         (
             (GDN_CHUNK_TEST, "test_gdn_chunk_lengths",
              {"length": 200, "init": True, "op": "two_pass"}),

@@ -217,6 +217,12 @@ def gdn_chunk_problem(
     return None
 
 
+def _raise_problem(op: str, problem: str | None) -> None:
+    """A ValueError naming op and gdn_chunk_problem's reason, if it gave one."""
+    if problem is not None:
+        raise ValueError(f"{op}: {problem}")
+
+
 def gdn_chunk_prefill(
     qkv: Tensor,
     a: Tensor,
@@ -235,10 +241,8 @@ def gdn_chunk_prefill(
     starts from the float32 state [slots, HV, 128, 128] at slot state_indices[n] ([N], or
     column 0 of [N, S]) where has_initial_state[n] (zeros otherwise) and leaves its final
     state there (reference_gdn.gdn_prefill_reference defines it)."""
-    problem = gdn_chunk_problem(qkv, a, b, state, query_start_loc, state_indices,
-                                has_initial_state, num_k_heads)
-    if problem is not None:
-        raise ValueError(f"gdn_chunk_prefill: {problem}")
+    _raise_problem("gdn_chunk_prefill", gdn_chunk_problem(
+        qkv, a, b, state, query_start_loc, state_indices, has_initial_state, num_k_heads))
     return _ops().gdn_chunk_prefill(
         qkv, a, b, A_log, dt_bias, state, query_start_loc, state_indices, has_initial_state,
         num_k_heads, scale,
@@ -279,10 +283,8 @@ def gdn_chunk_prefill_two_pass(
     W, U and masked Q K^T at once into scratch, then the state recurrence chunk by chunk.
     chunk_indices [NT, 2] int32 (gdn_chunk_indices; vLLM's metadata has it) sizes the first
     pass without a device sync; without it the wrapper makes it (one sync)."""
-    problem = gdn_chunk_problem(qkv, a, b, state, query_start_loc, state_indices,
-                                has_initial_state, num_k_heads)
-    if problem is not None:
-        raise ValueError(f"gdn_chunk_prefill_two_pass: {problem}")
+    _raise_problem("gdn_chunk_prefill_two_pass", gdn_chunk_problem(
+        qkv, a, b, state, query_start_loc, state_indices, has_initial_state, num_k_heads))
     if chunk_indices is None:
         chunk_indices = gdn_chunk_indices(query_start_loc)
     return _ops().gdn_chunk_prefill_two_pass(

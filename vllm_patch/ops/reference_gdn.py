@@ -29,6 +29,9 @@ row's largest element); state_scale is [slots, HV, dv] float32 beside the state.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import NamedTuple
+
 import torch
 
 SOFTPLUS_THRESHOLD = 20.0
@@ -69,6 +72,31 @@ def split_qkv(
     k = qkv[:, qd : 2 * qd].reshape(t, num_k_heads, dk)
     v = qkv[:, 2 * qd :].reshape(t, num_v_heads, dv)
     return q, k, v
+
+
+class _Heads(NamedTuple):
+    """What every recurrence reads of its inputs: value heads per key head, the query scale,
+    q / k [T, H, dk] and v [T, HV, dv] views, and the gates g, beta [T, HV] (float64)."""
+
+    group: int
+    scale: float
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+
+
+def _heads(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
+           dt_bias: torch.Tensor, state: torch.Tensor, num_k_heads: int,
+           scale: float | None) -> _Heads:
+    """The inputs split by head and gated, for a state [slots, HV, dv, dk]; scale defaults to
+    dk^-0.5."""
+    num_v_heads, dv, dk = state.shape[1:]
+    q, k, v = split_qkv(qkv, num_k_heads, num_v_heads, dk, dv)
+    g, beta = gdn_gating(a, b, A_log, dt_bias)
+    return _Heads(num_v_heads // num_k_heads, dk**-0.5 if scale is None else scale,
+                  q, k, v, g, beta)
 
 
 # ---------------------------------------------------------------- int16 state rows
@@ -117,13 +145,11 @@ def gdn_recurrent_reference(
     """out [T, HV, dv] float64; the states of the stored tokens are written into `state`
     in place (int16 codes and `state_scale` when state is int16). Rows of out outside
     every sequence stay zero."""
-    num_v_heads, dv, dk = state.shape[1:]
+    num_v_heads, dv = state.shape[1:3]
     if state.dtype == torch.int16 and state_scale is None:
         raise ValueError("an int16 state needs its state_scale [slots, HV, dv]")
-    group = num_v_heads // num_k_heads
-    scale = dk**-0.5 if scale is None else scale
-    q_all, k_all, v_all = split_qkv(qkv, num_k_heads, num_v_heads, dk, dv)
-    g_all, beta_all = gdn_gating(a, b, A_log, dt_bias)
+    group, scale, q_all, k_all, v_all, g_all, beta_all = _heads(
+        qkv, a, b, A_log, dt_bias, state, num_k_heads, scale)
     idx = _index_columns(state_indices).tolist()
     cols = len(idx[0]) if idx else 1
     starts = query_start_loc.tolist()
@@ -253,6 +279,21 @@ def _prefill_sequences(
     return runs
 
 
+def _prefill_runs(
+    state: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    state_indices: torch.Tensor,
+    has_initial_state: torch.Tensor | None,
+) -> Iterator[tuple[int, int, int, torch.Tensor]]:
+    """_prefill_sequences with each run's initial state h [HV, dv, dk] in float64: its slot's
+    state when it starts from it, else zeros. Read as each run comes up, after the earlier
+    runs have written theirs."""
+    for bos, eos, slot, init in _prefill_sequences(query_start_loc, state_indices,
+                                                   has_initial_state):
+        yield bos, eos, slot, (state[slot].to(F64) if init
+                               else torch.zeros_like(state[slot], dtype=F64))
+
+
 def gdn_prefill_reference(
     qkv: torch.Tensor,
     a: torch.Tensor,
@@ -272,15 +313,11 @@ def gdn_prefill_reference(
     recurrence over its tokens and leaves its final state in that slot (float32 state).
     state_indices is [N] or [N, S] (column 0 is used); sequences with slot <= 0 or no tokens
     are skipped (zero output, no state)."""
-    num_v_heads, dv, dk = state.shape[1:]
-    group = num_v_heads // num_k_heads
-    scale = dk**-0.5 if scale is None else scale
-    q_all, k_all, v_all = split_qkv(qkv, num_k_heads, num_v_heads, dk, dv)
-    g_all, beta_all = gdn_gating(a, b, A_log, dt_bias)
-    out = torch.zeros(qkv.shape[0], num_v_heads, dv, dtype=F64, device=qkv.device)
-    for bos, eos, slot, init in _prefill_sequences(query_start_loc, state_indices,
-                                                   has_initial_state):
-        h = state[slot].to(F64) if init else torch.zeros_like(state[slot], dtype=F64)
+    group, scale, q_all, k_all, v_all, g_all, beta_all = _heads(
+        qkv, a, b, A_log, dt_bias, state, num_k_heads, scale)
+    out = torch.zeros(qkv.shape[0], *state.shape[1:3], dtype=F64, device=qkv.device)
+    for bos, eos, slot, h in _prefill_runs(state, query_start_loc, state_indices,
+                                           has_initial_state):
         qn_all = l2norm(q_all[bos:eos]).repeat_interleave(group, dim=1) * scale
         kn_all = l2norm(k_all[bos:eos]).repeat_interleave(group, dim=1)
         for i, t in enumerate(range(bos, eos)):
@@ -311,15 +348,11 @@ def gdn_chunk_reference(
     W = T diag(beta exp(G)) K, U = T diag(beta) V; then V' = U - W H,
     O = diag(exp(G)) Q H + (Q K^T * exp(G_i - G_j), j <= i) V',
     H <- exp(G_last) H + K^T diag(exp(G_last - G_j)) V'."""
-    num_v_heads, dv, dk = state.shape[1:]
-    group = num_v_heads // num_k_heads
-    scale = dk**-0.5 if scale is None else scale
-    q_all, k_all, v_all = split_qkv(qkv, num_k_heads, num_v_heads, dk, dv)
-    g_all, beta_all = gdn_gating(a, b, A_log, dt_bias)
-    out = torch.zeros(qkv.shape[0], num_v_heads, dv, dtype=F64, device=qkv.device)
-    for bos, eos, slot, init in _prefill_sequences(query_start_loc, state_indices,
-                                                   has_initial_state):
-        h = state[slot].to(F64) if init else torch.zeros_like(state[slot], dtype=F64)
+    group, scale, q_all, k_all, v_all, g_all, beta_all = _heads(
+        qkv, a, b, A_log, dt_bias, state, num_k_heads, scale)
+    out = torch.zeros(qkv.shape[0], *state.shape[1:3], dtype=F64, device=qkv.device)
+    for bos, eos, slot, h in _prefill_runs(state, query_start_loc, state_indices,
+                                           has_initial_state):
         hs = h.transpose(1, 2)  # [HV, dk, dv]
         for c0 in range(bos, eos, chunk):
             c1 = min(c0 + chunk, eos)
