@@ -60,6 +60,10 @@ NEW_MUTANTS = ["decode-packed-token-stride", "kv-write-scale-at-row-start",
                "gdn-two-pass-decay-one-token-late"]
 
 
+GDN_MUTANTS = ["gdn-chunk-decay-one-token-late", "gdn-two-pass-decay-one-token-late",
+               "gdn-gqa-interleaved", "gdn-int16-scale-per-lane"]
+
+
 def jobs(py: str) -> list[Job]:
     """The round's jobs; a missing script is reported as such, not skipped silently."""
     def script(rel: str, name: str, needs: set[str], share: float) -> Job:
@@ -71,6 +75,15 @@ def jobs(py: str) -> list[Job]:
         Job("allreduce1", [py, "-m", "pytest", "-q", "-m", "gpu", "--noconftest", "-p",
                            "no:cacheprovider", "-rf", str(ROOT / "tests/test_allreduce_gpu.py")],
             {"ops"}, 0.02, own_args=True),
+        # the GDN kernels' GPU tests and mutants alone: the check of a GDN-only change (the
+        # chunk kernels' tests are the gdn_chunk job's)
+        Job("gdn_tests", [py, "-m", "pytest", "-q", "-m", "gpu", "--noconftest", "-p",
+                          "no:cacheprovider", "-rf", str(ROOT / "tests/gpu/test_gdn_gpu.py")],
+            {"ops"}, 0.03, own_args=True),
+        Job("mutants_gdn", ["bash", "-c", f"nice -n 15 {py} {ROOT}/tests/gpu/mutants.py --only "
+                            f"{' '.join(GDN_MUTANTS)} --jobs 2 --parallel 2 "
+                            '--out "$OUT/mutants_gdn.json"'],
+            {"ops"}, 0.03, own_args=True),
         # the mutants of this round's kernels (the suite's full list did not fit beside the
         # vLLM jobs), built at low priority
         Job("mutants_new", ["bash", "-c", f"nice -n 15 {py} {ROOT}/tests/gpu/mutants.py --only "
