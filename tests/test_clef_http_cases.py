@@ -86,13 +86,18 @@ def test_refusals_need_the_openai_error_shape() -> None:
     assert not h.refusal_ok(400, {"detail": "x"}, "input", "16,384")
 
 
-def test_the_serve_settings_load_and_turn_clef_on(tmp_path: Path) -> None:
+def serve_view(tmp_path: Path) -> Any:
+    """The Clef server's settings as serve loads them."""
     s = h.serve_settings(model_dir=str(tmp_path), clef_dir=str(tmp_path / "clef"),
                          rank=d.RANK, share=0.04, work=str(tmp_path / "w"), startup_s=200,
                          serve_python=sys.executable)
     env = tmp_path / "serve.env"
     env.write_text("".join(f"{k}={v}\n" for k, v in s.items()))
-    view = load_settings(env_file=env)
+    return load_settings(env_file=env)
+
+
+def test_the_serve_settings_load_and_turn_clef_on(tmp_path: Path) -> None:
+    view = serve_view(tmp_path)
     assert view.clef and view.clef_rank == d.RANK
     assert view.clef_max_model_len == h.CLEF_MAX_LEN <= view.max_model_len
     # the server's rows are judged against engine rows run on TRITON_ATTN (ab_side's default)
@@ -176,10 +181,5 @@ def test_a_scoring_request_must_verify_no_draft_while_a_chat_does() -> None:
 
 
 def test_the_server_speculates_so_the_drafts_case_has_drafts_to_count(tmp_path: Path) -> None:
-    s = h.serve_settings(model_dir=str(tmp_path), clef_dir=str(tmp_path / "clef"),
-                         rank=d.RANK, share=0.04, work=str(tmp_path / "w"), startup_s=200,
-                         serve_python=sys.executable)
-    env = tmp_path / "serve.env"
-    env.write_text("".join(f"{k}={v}\n" for k, v in s.items()))
-    view = load_settings(env_file=env)
+    view = serve_view(tmp_path)
     assert view.spec_method == "mtp" and view.spec_tokens == 3

@@ -200,16 +200,6 @@ def http(method: str, url: str, body: Any = None, timeout: float = 60) -> tuple[
         return status, raw.decode(errors="replace")[:2000]
 
 
-def http_text(url: str, timeout: float = 30) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
-    except (OSError, ValueError) as exc:
-        return 0, str(exc)
-
-
 def port_free(port: int = PORT) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
@@ -372,8 +362,10 @@ def run_cases(base: str, prompt: list[int], score_body: dict[str, Any],
         return {"status": code, "body": resp}
 
     def drafts() -> float | None:
+        from device_openai import http_get
+
         time.sleep(1.0)  # the server records a step's stats just after it answers
-        code, text = http_text(base + "/metrics")
+        code, text = http_get(base + "/metrics", timeout=30)
         return verified_drafts(text) if code == 200 else None
 
     def clef_no_drafts() -> dict[str, Any]:
