@@ -17,7 +17,7 @@ from sm70ctl.plan import clef as plan_clef
 from sm70ctl.plan.model_config import builtin_config_path, load_config
 from sm70ctl.plan.plan import Gpu, PlanInputs, compute_plan
 from sm70ctl.plan.shapes import pp_layer_ranges
-from vllm_patch.clef.arena import ALIGN, SEGMENT, arena_bytes, shard_sizes
+from vllm_patch.clef.arena import arena_bytes, shard_sizes
 from vllm_patch.clef.head import MAX_HEAD_PARAMS, REFERENCE_HEAD, head_params, parse_head_config
 from vllm_patch.clef.layout import corrections
 from vllm_patch.clef.model_dims import model_dims
@@ -88,7 +88,3 @@ def test_per_gpu_correction_is_the_loaders_one_allocation(tp: int, pp: int, rank
         for g in plan.gpus[stage * tp:(stage + 1) * tp]:
             items = {i.key: i for i in g.items if i.section == "clef"}
             assert items["clef.correction"].bytes == want, (stage, g.gpu.index)
-
-
-def test_the_plan_and_the_loader_round_alike() -> None:
-    assert (plan_clef.SHARD_ALIGN, plan_clef.ARENA_ROUND) == (ALIGN, SEGMENT)

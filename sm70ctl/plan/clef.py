@@ -10,9 +10,9 @@ layer carries one per slice). A column-parallel layer keeps A whole and splits B
 split), a row-parallel one splits A's columns and keeps B whole; in both cases one GPU holds
 r x (rows + cols) values where rows x cols is that GPU's shard of the base weight.
 The loader places a GPU's shards in one allocation, each at a 256-byte offset, the whole
-rounded up to 2 MiB, so the caching allocator hands out exactly that (vllm_patch/clef/
-arena.py says why); the plan counts the same. tests/test_clef_plan.py holds this count
-equal to the format's shard shapes and to the loader's rule.
+rounded up to 2 MiB, so the caching allocator hands out exactly that; the plan counts it
+with the loader's own rule (vllm_patch.clef.arena, pure). tests/test_clef_plan.py holds
+this tensor table equal to the format's shard shapes.
 
 The schema head (about 65-128M parameters) reads the final hidden states; we plan the upper
 figure, 128,000,000 parameters in fp16, whole on the last pipeline stage's GPUs; the loader
@@ -23,12 +23,11 @@ from __future__ import annotations
 
 from sm70ctl.plan.model_config import FULL, ModelShape
 from sm70ctl.plan.shapes import Tensor, _attention, _gdn, _mlp
+from vllm_patch.clef.arena import arena_bytes
 
 CLEF_LAYERS = 24  # the last 24 decoder layers (40-63 of 64)
 CLEF_HEAD_PARAMS = 128_000_000
 FP16 = 2
-SHARD_ALIGN = 256  # each shard's offset in the GPU's one allocation
-ARENA_ROUND = 2 << 20  # the allocation's rounding
 _LINEARS = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
     "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj",
@@ -54,14 +53,9 @@ def corrected_linears(m: ModelShape, tp: int, layers: range) -> list[Tensor]:
     return out
 
 
-def _up(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
 def correction_bytes(linears: list[Tensor], rank: int) -> int:
     """One GPU's allocation for the A [r, cols] and B [rows, r] shards of `linears`."""
-    placed = sum(_up(rank * n * FP16, SHARD_ALIGN) for t in linears for n in (t.cols, t.rows))
-    return _up(placed, ARENA_ROUND)
+    return arena_bytes(rank * n * FP16 for t in linears for n in (t.cols, t.rows))
 
 
 def clef_items(m: ModelShape, tp: int, layers: range, last: bool,

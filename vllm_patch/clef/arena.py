@@ -10,8 +10,9 @@ places every shard in it (`clef_correction.ShardArena`):
   own, so the kernels' vector loads see the same alignment);
 - the allocation is a multiple of SEGMENT bytes (2 MiB: the allocator rounds a large
   segment to it), so the allocator hands out exactly that many bytes.
-`sm70ctl plan` counts with the same rule (sm70ctl/plan/clef.py; tests/test_clef_plan.py
-holds the two equal), so the plan's figure is what the run allocates.
+`sm70ctl plan` counts with this rule (sm70ctl/plan/clef.py calls `arena_bytes` on its own
+tensor table; tests/test_clef_plan.py holds that table equal to the format's shards), so the
+plan's figure is what the run allocates.
 """
 
 from __future__ import annotations
@@ -27,15 +28,23 @@ SEGMENT = 2 << 20
 FP16 = 2
 
 
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
 def aligned(nbytes: int) -> int:
     """`nbytes` rounded up to the next shard start."""
-    return -(-nbytes // ALIGN) * ALIGN
+    return _round_up(nbytes, ALIGN)
+
+
+def placed_bytes(shard_bytes: Iterable[int]) -> int:
+    """The room shards of these sizes take, placed in order: what the allocation must hold."""
+    return sum(aligned(n) for n in shard_bytes)
 
 
 def arena_bytes(shard_bytes: Iterable[int]) -> int:
-    """The one allocation that holds shards of these sizes, placed in order."""
-    total = sum(aligned(n) for n in shard_bytes)
-    return -(-total // SEGMENT) * SEGMENT
+    """The one allocation that holds shards of these sizes (what the plan counts)."""
+    return _round_up(placed_bytes(shard_bytes), SEGMENT)
 
 
 def shard_sizes(d: ModelDims, rank: int, tp: int,

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from vllm_patch.clef.arena import aligned, arena_bytes, shard_sizes
+from vllm_patch.clef.arena import aligned, arena_bytes, placed_bytes, shard_sizes
 from vllm_patch.clef.errors import ClefError
 from vllm_patch.clef.model_dims import ModelDims, model_dims
 from vllm_patch.clef.rows import (
@@ -42,7 +42,6 @@ from vllm_patch.clef.rows import (
     choose_path,
     clef_token_ranges,
     layer_plan,
-    parse_prefix,
     row_mask_bytes,
 )
 from vllm_patch.clef.sharding import Ranges
@@ -298,7 +297,7 @@ class ShardArena:
     def __init__(self, shard_bytes: Sequence[int]) -> None:
         # room for exactly the counted shards: one more (a layer corrected twice, or one
         # not counted) is refused, not hidden in the allocation's rounding
-        self.capacity = sum(aligned(n) for n in shard_bytes)
+        self.capacity = placed_bytes(shard_bytes)
         self.nbytes, self.used = arena_bytes(shard_bytes), 0
         self.buf: torch.Tensor | None = None
 
@@ -346,10 +345,10 @@ def attach_from(source: ClefSource, layer: torch.nn.Module, prefix: str, output_
                                               output_size)
     if not plans:
         return False
-    where = parse_prefix(prefix)
-    if source.layers is not None and where is not None and where[0] not in source.layers:
+    layer_i = plans[0].correction.layer
+    if source.layers is not None and layer_i not in source.layers:
         held = f"{min(source.layers)}-{max(source.layers)}" if source.layers else "none"
-        raise ClefError(f"layer {prefix}: decoder layer {where[0]} is not among this "
+        raise ClefError(f"layer {prefix}: decoder layer {layer_i} is not among this "
                         f"worker's layers ({held})")
     shards = []
     for p in plans:
