@@ -1,7 +1,8 @@
-"""R10 (vllm_patch/gdn/spec_gates.py): which token index selects a GDN call's gates (pure)
-and that the wrapper hands vLLM's kernel the gathered gates of a mixed step, found in the
-step's forward-context metadata. The end-to-end proof on vLLM 0.22.1's real `_forward_core`
-is tests/test_spec_gates_vllm.py."""
+"""R10 (vllm_patch/gdn/spec_gates.py): the wrapper hands vLLM's kernel the gathered gates of
+a mixed step, found in the step's forward-context metadata by the index whose length is
+q's; aligned calls pass through, and a call no index fits keeps vLLM's gates and is
+counted. The end-to-end proof on vLLM 0.22.1's real `_forward_core` is
+tests/test_spec_gates_vllm.py."""
 
 from __future__ import annotations
 
@@ -13,23 +14,7 @@ from typing import Any
 import pytest
 
 from vllm_patch.gdn import spec_gates
-from vllm_patch.gdn.spec_gates import find_index, gate_index
-
-
-def test_aligned_calls_pass_through() -> None:
-    assert gate_index(12, 12, True, 12, None) is None
-    assert gate_index(5, 5, False, None, 5) is None
-
-
-def test_mixed_calls_pick_the_index_of_their_kind() -> None:
-    # 4 speculative tokens among 9: the speculative call takes spec_token_indx
-    assert gate_index(9, 4, True, 4, 5) == "spec"
-    assert gate_index(9, 5, False, 4, 5) == "non_spec"
-
-
-def test_a_call_no_index_fits_is_unresolved() -> None:
-    assert gate_index(9, 4, True, 3, 6) == "unresolved"
-    assert gate_index(9, 4, True, None, None) == "unresolved"
+from vllm_patch.gdn.spec_gates import find_index
 
 
 class Rows:
@@ -95,6 +80,22 @@ def test_the_wrapper_leaves_aligned_calls_alone(monkeypatch: pytest.MonkeyPatch)
     gates = Rows(["g0", "g1"])
     f(a=gates, b=gates, q=Q(2), num_accepted_tokens=object())
     assert seen["a"] is gates
+
+
+def test_a_call_no_index_fits_keeps_its_gates_and_is_counted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the speculative call's q has 4 rows, but the step's indices have 3 and 6
+    _with_context(monkeypatch, {"x": Meta(Rows([1, 2, 3]), Rows([0, 4, 5, 6, 7, 8]))})
+    monkeypatch.setitem(spec_gates.COUNTS, "unresolved", 0)
+    seen: dict[str, Any] = {}
+    f = spec_gates.wrap(lambda **kw: seen.update(kw))
+    gates = Rows([f"g{i}" for i in range(9)])
+    f(a=gates, b=gates, q=Q(4), num_accepted_tokens=object())
+    assert seen["a"] is gates and spec_gates.COUNTS["unresolved"] == 1
+    # a draft-less call takes non_spec_token_indx, not the speculative one of its length
+    _with_context(monkeypatch, {"x": Meta(Rows([1, 2, 3]), None)})
+    f(a=gates, b=gates, q=Q(3))
+    assert seen["a"] is gates and spec_gates.COUNTS["unresolved"] == 2
 
 
 def test_find_index_reads_list_metadata_and_lengths() -> None:

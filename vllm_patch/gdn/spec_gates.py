@@ -59,17 +59,6 @@ class SpecGatesPatchError(rebind.RebindError):
     """The rebinding's target (or its caller) is not the function it was written against."""
 
 
-def gate_index(gate_rows: int, q_rows: int, speculative: bool,
-               spec_rows: int | None, non_spec_rows: int | None) -> str | None:
-    """Which of the step's token indices selects this call's gates (pure: the CPU tests'
-    subject): None when the gates already line up with q (no mix), "spec" / "non_spec" for
-    the index whose length is q's, "unresolved" when neither fits."""
-    if gate_rows == q_rows:
-        return None
-    want, name = (spec_rows, "spec") if speculative else (non_spec_rows, "non_spec")
-    return name if want is not None and want == q_rows else "unresolved"
-
-
 def _step_metadata(attn_metadata: Any) -> Iterable[Any]:
     """The step's per-layer metadata objects that carry GDN token indices."""
     groups = attn_metadata if isinstance(attn_metadata, list) else [attn_metadata]
