@@ -37,15 +37,15 @@ def test_split_held_keeps_the_longest_tag_prefix() -> None:
 
 def test_plan_delta() -> None:
     # a character of the tag is held, the completed tag goes to vLLM's method whole
-    assert plan_delta("", "<", [60], TAG, 9) == ("", "<", False)
-    assert plan_delta("<tool_call", ">", [62], TAG, 9) == ("<tool_call>", "", True)
+    assert plan_delta("", "<", [60], TAG, 9) == ("", "<")
+    assert plan_delta("<tool_call", ">", [62], TAG, 9) == ("<tool_call>", "")
     # the tag's own token, after held text that was content
-    assert plan_delta("<", "<tool_call>", [9], TAG, 9) == ("<<tool_call>", "", True)
+    assert plan_delta("<", "<tool_call>", [9], TAG, 9) == ("<<tool_call>", "")
     # held text that stops matching goes out in front of the delta
-    assert plan_delta("<to", "y", [121], TAG, 9) == ("<toy", "", False)
+    assert plan_delta("<to", "y", [121], TAG, 9) == ("<toy", "")
     # end of sequence (ids, no text) releases what is held; an empty step keeps it
-    assert plan_delta("<too", "", [2], TAG, 9) == ("<too", "", False)
-    assert plan_delta("<too", "", [], TAG, 9) == ("", "<too", False)
+    assert plan_delta("<too", "", [2], TAG, 9) == ("<too", "")
+    assert plan_delta("<too", "", [], TAG, 9) == ("", "<too")
 
 
 def test_target_names_the_state_the_wrapper_reads() -> None:

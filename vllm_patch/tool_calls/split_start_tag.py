@@ -59,19 +59,19 @@ def split_held(pending: str, tag: str) -> tuple[str, str]:
 
 
 def plan_delta(held: str, delta_text: str, delta_token_ids: Sequence[int], tag: str,
-               tag_id: int | None) -> tuple[str, str, bool]:
+               tag_id: int | None) -> tuple[str, str]:
     """What one delta outside a call does: (delta text to hand vLLM's method, text held
-    after it, whether vLLM's method sees a tag start). Pure: the CPU tests' subject.
+    after it). Pure: the CPU tests' subject. A delta that completes the tag (or carries its
+    token) goes on whole, with what was held in front of it.
 
     An empty delta text keeps what is held unless ids came with it (the end-of-sequence
     token, whose text is dropped): then the held text is handed on, as content."""
     if not delta_text:
-        return (held, "", False) if held and delta_token_ids else ("", held, False)
+        return (held, "") if held and delta_token_ids else ("", held)
     pending = held + delta_text
     if tag in pending or (tag_id is not None and tag_id in delta_token_ids):
-        return pending, "", True
-    now, keep = split_held(pending, tag)
-    return now, keep, False
+        return pending, ""
+    return split_held(pending, tag)
 
 
 def wrap(original: Any) -> Any:
@@ -83,11 +83,11 @@ def wrap(original: Any) -> Any:
             self.__dict__[HELD_ATTR] = ""
         started = self.is_tool_call_started and bool(previous_text)
         held = self.__dict__.get(HELD_ATTR, "")
-        if started or (not held and self.tool_call_start_token in delta_text):
+        if started:
             return original(self, previous_text, current_text, delta_text, previous_token_ids,
                             current_token_ids, delta_token_ids, request)
-        text, keep, _ = plan_delta(held, delta_text, delta_token_ids,
-                                   self.tool_call_start_token, self.tool_call_start_token_id)
+        text, keep = plan_delta(held, delta_text, delta_token_ids, self.tool_call_start_token,
+                                self.tool_call_start_token_id)
         self.__dict__[HELD_ATTR] = keep
         if delta_text and not text:
             return None  # all of it held
