@@ -62,7 +62,7 @@ class AllreduceConfig:
     buffer_bytes: int = 16 * 1024**2
 
 
-GDN_PREFILLS = ("fla", "sm70")  # vllm_patch.gdn.routing.PREFILL_CHOICES
+GDN_PREFILLS = ("fla", "sm70")  # gdn.prefill: vLLM's path or ours (vllm_patch.gdn.routing)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_patch.config import GDN_PREFILLS
+
 # Where a step goes.
 STOCK_NO_METADATA = "stock:no_metadata"  # vLLM's warm-up / profile run
 STOCK_PREFILL = "stock:prefill"  # a prefill row is in the step
@@ -50,7 +52,7 @@ OURS_DECODE = "sm70:decode"
 OURS_SPEC = "sm70:spec"
 OURS_PREFILL = "sm70:prefill"  # prefill rows (and plain decodes before them) on our ops
 OURS_PREFILL_SPEC = "sm70:prefill+spec"  # prefill rows and MTP rows in one step on our ops
-PREFILL_CHOICES = ("fla", "sm70")  # the plugin's gdn.prefill
+PREFILL_CHOICES = GDN_PREFILLS  # the plugin's gdn.prefill, checked where it is read
 
 HEAD_DIM = 128
 CONV_WIDTH = 4
@@ -113,9 +115,8 @@ def unsupported_reason(s: LayerShape) -> str | None:
 
 def route(meta: Any | None, unsupported: str | None = None, prefill: str = "fla") -> str:
     """Where a step with this GDNAttentionMetadata (None: no metadata) goes; `prefill` is
-    the plugin's gdn.prefill (steps with a prefill row: "fla" vLLM's path, "sm70" ours)."""
-    if prefill not in PREFILL_CHOICES:
-        raise ValueError(f"gdn.prefill is {prefill!r}; choose one of {PREFILL_CHOICES}")
+    the plugin's gdn.prefill (steps with a prefill row: "fla" vLLM's path, "sm70" ours;
+    the config and `layer.set_prefill` refuse any other, so a step does not check again)."""
     if meta is None:
         return STOCK_NO_METADATA
     if unsupported is not None:
