@@ -156,7 +156,7 @@ def _register_gdn_layer(config: Any) -> str:
         return "absent (vLLM not installed)"
     from vllm_patch.gdn import int16_pool, layer
 
-    # int16 (opt-in, CPU-proven only) also registers the model subclass: layer.register
+    # int16 also registers the model subclass: layer.register
     int16 = int16_pool.wanted(config.gdn.decode_layer, config.gdn.kernel, config.gdn.state_dtype)
     return layer.register(int16_state=int16, prefill=config.gdn.prefill)
 

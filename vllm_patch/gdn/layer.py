@@ -19,7 +19,7 @@ conv state [slots, 3 + k, conv_dim] fp16 (SD layout), kv_cache[1] the recurrent 
 [slots, HV, 128 (v), 128 (k)] float32; both are strided views into the hybrid pages (slot
 stride = page size), which the ops take as given.
 
-`Sm70GatedDeltaNetInt16` (opt-in, proven on the CPU only: int16_pool.py) declares a third
+`Sm70GatedDeltaNetInt16` (int16_pool.py; run against stock on the H200) declares a third
 state tensor, so vLLM's pool holds kv_cache[1] as int16 codes and kv_cache[2] as their
 float32 row scales [slots, HV, 128]; decode steps hand the scales to our op, steps with a
 prefill run vLLM's FLA path (or, with our prefill on, our prefill ops) on a float32 copy of
@@ -117,7 +117,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 class Sm70GatedDeltaNet(QwenGatedDeltaNetAttention):
-    """QwenGatedDeltaNetAttention whose decode-only steps run on our kernels."""
+    """QwenGatedDeltaNetAttention whose decode steps (and, with gdn.prefill "sm70", prefill
+    steps) run on our kernels."""
 
     # Whether a layer our ops cannot run is refused while the model is built (the int16
     # pool: vLLM's kernels cannot read it) instead of left to vLLM's path.
