@@ -244,3 +244,18 @@ def test_the_shared_flag_rule_serve_and_warmup_use() -> None:
     assert attention_backend_flag("SM70_PAGED", True) == "SM70_PAGED"
     assert attention_backend_flag("SM70_PAGED", None) == "SM70_PAGED"
     assert attention_backend_flag("TRITON_ATTN", False) == "TRITON_ATTN"
+
+
+def test_serve_and_warmup_probe_only_the_patched_name_with_the_servers_path(
+        tmp_path: Path) -> None:
+    from sm70ctl.runtime.probes import probe_serving_backend
+
+    root = vllm_tree(tmp_path / "tree", member=False)
+    s = load_settings(environ={"SM70_MODEL_DIR": str(tmp_path),
+                               "SM70_SERVE_PYTHON": sys.executable})
+    got = probe_serving_backend(s, path_env(root))
+    assert got is not None and got.has_name is False
+    assert Path(str(got.vllm_dir)) == root / "vllm"
+    other = load_settings(environ={"SM70_MODEL_DIR": str(tmp_path),
+                                   "SM70_ATTENTION_BACKEND": "TRITON_ATTN"})
+    assert probe_serving_backend(other, path_env(root)) is None

@@ -195,3 +195,17 @@ def probe_backend_name(python: Path, *, env: Mapping[str, str] | None = None,
     return BackendNameProbe(has, vllm_dir, f"{BACKEND_ENUM} in {registry} "
                                            f"{'has' if has else 'lacks'} "
                                            f"{PATCHED_BACKEND_NAME}")
+
+
+
+def probe_serving_backend(settings: SettingsView,
+                          environ: Mapping[str, str]) -> BackendNameProbe | None:
+    """What serve and warmup both need before they pass --attention-backend: for the
+    patched tree's name (SM70_PAGED) whether the serving vLLM has it, probed with the
+    environment the server gets (child_env: no SM70_* variable); None for any other
+    setting, which is vLLM's own name and passed as set."""
+    if settings.attention_backend != PATCHED_BACKEND_NAME:
+        return None
+    from sm70ctl.runtime.environment import child_env
+
+    return probe_backend_name(settings.serve_python, env=child_env(environ, {}))

@@ -108,7 +108,6 @@ def _gather(
     from sm70ctl.locking import probe_holder
     from sm70ctl.runtime import probes as rprobes
     from sm70ctl.runtime.cache_status import cache_status
-    from sm70ctl.runtime.environment import child_env
     from sm70ctl.runtime.port_lock import port_lock_path
     from sm70ctl.runtime.probes import GpuUse
     from sm70ctl.serve import probes
@@ -130,12 +129,8 @@ def _gather(
         holder = h.info if h else None
     model = rprobes.probe_model_dir(settings.model_dir)
     verdict, _ = cache_status(settings, device, environ)
-    # the name the serving vLLM knows for the backend: probed only where the setting is the
-    # patched tree's name, with the path the server gets (no SM70_* variable, like child_env)
-    names = None
-    if settings.attention_backend == rprobes.PATCHED_BACKEND_NAME:
-        names = rprobes.probe_backend_name(settings.serve_python, env=child_env(environ, {}))
-    backend = decide_backend_flag(settings.attention_backend, names)
+    backend = decide_backend_flag(settings.attention_backend,
+                                  rprobes.probe_serving_backend(settings, environ))
     inputs = PreflightInputs(
         device=device,
         host=settings.host,

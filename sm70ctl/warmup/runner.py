@@ -45,13 +45,12 @@ from sm70ctl.runtime.manifest import (
 )
 from sm70ctl.runtime.port_lock import servers_using
 from sm70ctl.runtime.probes import (
-    PATCHED_BACKEND_NAME,
     gpu_indices,
     probe_allreduce,
-    probe_backend_name,
     probe_executable,
     probe_gpus,
     probe_model_dir,
+    probe_serving_backend,
 )
 from sm70ctl.runtime.server import ServerFailed, ServerLog, ServerProcess, ServerSpec, wait_ready
 from sm70ctl.secrets import secret_values
@@ -197,12 +196,10 @@ def _run_vllm(ctx: RunContext, folder: Path, name: str) -> Step:
     managed = managed_env(local, ctx.device, folder, indices, allreduce=allreduce)
     # the backend name the serving vLLM knows, decided as serve decides it (CUSTOM on a
     # vLLM without patch 0002's SM70_PAGED name)
-    has_name = None
-    if s.attention_backend == PATCHED_BACKEND_NAME:
-        has_name = probe_backend_name(s.serve_python, env=child_env(ctx.environ, {})).has_name
+    names = probe_serving_backend(s, ctx.environ)
     spec = ServerSpec(
         argv=vllm_argv(local, attention_backend=attention_backend_flag(
-            s.attention_backend, has_name)),
+            s.attention_backend, None if names is None else names.has_name)),
         env=child_env(ctx.environ, managed),
         base_url=base_url(local),
         api_key=None,
