@@ -31,28 +31,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # vllm_patch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benches' helpers
 
-from bench_io import cell, md_table, new_result, run_and_report, tensor_core_parser, write_result
-
-# peak_flops: the ceiling's FLOP count, still read from this module by its tests
-from gpu_timing import (  # noqa: F401
-    peak_flops,
-    record_peaks,
-    time_against_peaks,
-    time_on_arch_path,
+from bench_io import (
+    cell,
+    md_table,
+    new_result,
+    parse_tokens,
+    run_and_report,
+    tensor_core_parser,
+    write_result,
 )
+from gpu_timing import record_peaks, time_against_peaks, time_on_arch_path
 
 HEAD_DIM = 256
-
-
-def parse_tokens(text: str) -> list[int]:
-    """'8192,16384' -> [8192, 16384]; an error naming the value otherwise (pure)."""
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--tokens {text!r}: comma-separated integers expected") from None
-    if not out or min(out) <= 0:
-        raise ValueError(f"--tokens {text!r}: positive token counts expected")
-    return out
 
 
 def case_shape(tokens: int, chunk: int) -> tuple[int, int]:

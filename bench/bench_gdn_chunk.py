@@ -39,8 +39,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # vllm_patch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benches' helpers
 
-from bench_fmha import parse_tokens
-from bench_io import cell, md_table, new_result, run_and_report, tensor_core_parser, write_result
+from bench_io import (
+    cell,
+    md_table,
+    new_result,
+    parse_tokens,
+    run_and_report,
+    tensor_core_parser,
+    write_result,
+)
 from gpu_timing import record_peaks, time_against_peaks, time_on_arch_path
 
 CHUNK = 64

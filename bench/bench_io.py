@@ -47,6 +47,17 @@ def cell(value: float | None, spec: str, scale: float = 1.0, suffix: str = "") -
     return "-" if value is None else f"{scale * value:{spec}}{suffix}"
 
 
+def parse_tokens(text: str) -> list[int]:
+    """'8192,16384' -> [8192, 16384]; an error naming the value otherwise (pure)."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--tokens {text!r}: comma-separated integers expected") from None
+    if not out or min(out) <= 0:
+        raise ValueError(f"--tokens {text!r}: positive token counts expected")
+    return out
+
+
 def tensor_core_parser(doc: str, tokens: str, tokens_help: str) -> argparse.ArgumentParser:
     """A tensor-core bench's command line before its own options: --out (the JSON, the .md
     table beside it), --tokens (default `tokens`) and --budget-s; the description is the

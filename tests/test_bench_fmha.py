@@ -13,22 +13,24 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu" / "fmha"))
 
 import bench_fmha  # noqa: E402
+import bench_io  # noqa: E402
 import device_fmha  # noqa: E402
+import gpu_timing  # noqa: E402
 
 
 def test_parse_tokens_and_case_shape():
-    assert bench_fmha.parse_tokens("8192, 16384,") == [8192, 16384]
+    assert bench_io.parse_tokens("8192, 16384,") == [8192, 16384]
     for bad in ("", "8k", "0,8192"):
         with pytest.raises(ValueError, match="--tokens"):
-            bench_fmha.parse_tokens(bad)
+            bench_io.parse_tokens(bad)
     assert bench_fmha.case_shape(8192, 2048) == (6144, 2048)
     assert bench_fmha.case_shape(1000, 2048) == (0, 1000)
 
 
 def test_peak_flops_counts_every_instruction():
     # 8 chains x 8 warps per block, 2048 FLOPs per m8n8k4 (4 quad pairs x 8 x 8 x 4 x 2)
-    assert bench_fmha.peak_flops("m8n8k4", 10, 3) == 2048 * 8 * 8 * 10 * 3
-    assert bench_fmha.peak_flops("m16n8k16", 1, 1) == 2 * 16 * 8 * 16 * 8 * 8
+    assert gpu_timing.peak_flops("m8n8k4", 10, 3) == 2048 * 8 * 8 * 10 * 3
+    assert gpu_timing.peak_flops("m16n8k16", 1, 1) == 2 * 16 * 8 * 16 * 8 * 8
 
 
 def test_markdown_rows():
