@@ -127,6 +127,11 @@ class ModelShape:
     def gdn_value_dim(self) -> int:
         return self.linear_num_value_heads * self.linear_value_head_dim
 
+    @property
+    def gdn_conv_dim(self) -> int:
+        """Channels of the GDN causal conv (q, k and v of the fused projection)."""
+        return 2 * self.gdn_key_dim + self.gdn_value_dim
+
 
 def _brief(value: Any, limit: int = 60) -> str:
     """A config value for a message: its repr, cut short (a config may hold megabytes)."""

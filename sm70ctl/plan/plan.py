@@ -302,8 +302,7 @@ def compute_plan(model: ModelShape, inputs: PlanInputs, gpus: list[Gpu],
     page = None
     if model.linear_layers:
         page = gdn_page(model.linear_num_value_heads // tp, model.linear_key_head_dim,
-                        model.linear_value_head_dim, (2 * model.gdn_key_dim
-                                                      + model.gdn_value_dim) // tp,
+                        model.linear_value_head_dim, model.gdn_conv_dim // tp,
                         model.linear_conv_kernel_dim, spec, state_dtype)
 
     plans: list[GpuPlan] = []

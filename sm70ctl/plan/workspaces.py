@@ -145,8 +145,7 @@ def int16_scratch_item(m: ModelShape, w: WorkspaceInputs) -> Item:
     pool (gdn_scratch.py), at the most slots a step can name."""
     slots = max_step_slots(w.max_num_seqs, w.tokens, w.spec_tokens)
     hv = m.linear_num_value_heads // w.tp
-    conv_elems = (m.linear_conv_kernel_dim - 1 + w.spec_tokens) * (
-        (2 * m.gdn_key_dim + m.gdn_value_dim) // w.tp)
+    conv_elems = (m.linear_conv_kernel_dim - 1 + w.spec_tokens) * (m.gdn_conv_dim // w.tp)
     entries = max_index_entries(w.max_num_seqs, w.spec_tokens)
     b = scratch_bytes(slots, hv, m.linear_value_head_dim, m.linear_key_head_dim, conv_elems,
                       entries)
