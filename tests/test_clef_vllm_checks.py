@@ -73,51 +73,34 @@ def test_no_divergence_is_excused_by_a_small_margin() -> None:
     assert not d.row_within(far, tol) and d.row_controlled(far, tol)
 
 
-# the run whose lenient control the new rule replaced (kept as it was recorded), and the
-# first run under the new rule
-RECORDED = HERE / "gpu" / "results" / "h200_clef_vllm_r3.json"
+# the last H200 run: its per-row comparisons are recorded beside its figures
 LATEST = HERE / "gpu" / "results" / "h200_clef_vllm.json"
 
 
-def recorded_rows() -> tuple[dict[str, float], list[dict], list[dict]]:
-    """The last H200 run's clef_vs_merged as rows: its figures (noise, tolerance, the largest
-    gaps) and what its note says per row: the 4 Clef rows token-identical to the merged
-    engine, the 4 uncorrected rows diverging at their first or second token with small
-    reference margins, 3 of them within the old excuse (2 x tol; the JSON kept no per-row
-    list, the margins here are made up to match; the next run records the steps)."""
-    fig = json.loads(RECORDED.read_text())["figures"]["clef_vs_merged"]
-    clef = [{"equal": True, "max_abs_dlogprob": g, "first_diff": None}
-            for g in (fig["clef_max_dlogprob"], 0.01, 0.02, 0.005)]
-    unc = [{"equal": False, "max_abs_dlogprob": g, "first_diff": {"step": s, "ref_margin": m}}
-           for g, s, m in ((fig["uncorrected_max_dlogprob"], 1, 0.25), (0.0, 0, 0.1),
-                           (0.08, 1, 0.2), (0.0, 0, 0.4))]
-    return fig, clef, unc
+def latest_rows() -> tuple[dict[str, Any], list[dict], list[dict]]:
+    part = json.loads(LATEST.read_text())["parts"]["clef_vs_merged"]
+    return part, part["clef"], part["uncorrected"]
 
 
-def test_the_recorded_run_passes_the_new_control() -> None:
-    fig, clef, unc = recorded_rows()
-    tol = d.clef_tolerance(fig["noise"])
-    assert tol == pytest.approx(fig["tolerance"])
+def test_the_latest_runs_rows_give_its_recorded_verdict() -> None:
+    part, clef, unc = latest_rows()
+    tol = d.clef_tolerance(part["noise"])
+    assert tol == pytest.approx(part["tolerance"])
     assert all(d.row_within(r, tol) for r in clef)
     v = d.control_verdict(unc, tol)
-    assert v["passed"] and v["controlled"] == 4 and v["first_divergence"] == [1, 0, 1, 0]
-    # every recorded uncorrected gap is below the tolerance: the log-probs alone cannot
-    # tell these rows from Clef rows, their tokens do
-    assert fig["uncorrected_max_dlogprob"] < tol
+    assert v["passed"] and v["controlled"] == len(unc) == 4
+    assert v["first_divergence"] == part["figures"]["uncorrected_first_divergence"]
 
 
-def test_a_dropped_correction_fails_even_where_it_diverges_at_near_ties() -> None:
-    """The recorded situation with the correction gone: the Clef rows are the uncorrected
-    rows, diverging from the merged engine at small margins. The old margin excuse (any
-    divergence within 2 x tol) would have passed them."""
-    fig, _clef, unc = recorded_rows()
-    tol = d.clef_tolerance(fig["noise"])
-    def old_rule(r: dict) -> bool:  # the margin excuse of the recorded run's script
-        return r["max_abs_dlogprob"] <= tol and r["first_diff"]["ref_margin"] <= 2 * tol
-
-    assert sum(not old_rule(r) for r in unc) == 1  # the record: "held for 1 of 4"
+def test_a_dropped_correction_fails_on_the_latest_runs_rows() -> None:
+    """With the correction gone, the Clef rows are the uncorrected ones (diverging from the
+    merged engine, some at small reference margins) and the control's rows are the
+    corrected ones (no divergence): both checks must refuse."""
+    part, clef, unc = latest_rows()
+    tol = d.clef_tolerance(part["noise"])
+    assert min(r["first_diff"]["ref_margin"] for r in unc) < tol  # a near tie among them
     assert not any(d.row_within(r, tol) for r in unc)
-    assert not d.control_verdict([{"equal": True, "max_abs_dlogprob": 0.01}], tol)["passed"]
+    assert not d.control_verdict(clef, tol)["passed"]
     assert not d.control_verdict([], tol)["passed"]
 
 
@@ -151,13 +134,3 @@ def test_scoring_fails_on_a_wrong_row_or_a_leak() -> None:
     leak = copy.deepcopy(ok)
     leak["phases"]["scoring"]["left_in_store"]["done"] = 1
     assert not d.check_scoring(leak)["passed"]
-
-
-def test_the_latest_run_controls_every_uncorrected_row_by_its_own_record() -> None:
-    # the first run under the new rule recorded each uncorrected row's first divergence:
-    # every one diverged (a correction that silently did nothing would show none)
-    fig = json.loads(LATEST.read_text())["figures"]["clef_vs_merged"]
-    assert fig["uncorrected_controlled"] == "4/4" and fig["clef_rows_token_equal"] == "4/4"
-    assert len(fig["uncorrected_first_divergence"]) == 4
-    assert all(s is not None for s in fig["uncorrected_first_divergence"])
-    assert fig["clef_max_dlogprob"] <= fig["tolerance"]
