@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -200,11 +199,6 @@ def http(method: str, url: str, body: Any = None, timeout: float = 60) -> tuple[
         return status, raw.decode(errors="replace")[:2000]
 
 
-def port_free(port: int = PORT) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
-
-
 class Server:
     """`sm70ctl serve` with the Clef settings, as device_openai.py starts it."""
 
@@ -300,7 +294,7 @@ class Server:
                 pass
         self.info["serve_rc"] = None if self.proc is None else self.proc.returncode
         time.sleep(1)
-        self.info["port_free_after_stop"] = port_free()
+        self.info["port_free_after_stop"] = do.port_free(PORT)
         tail = (self.out / "serve_console.log")
         self.info["console_tail"] = tail.read_text(errors="replace")[-3000:] \
             if tail.exists() else None
