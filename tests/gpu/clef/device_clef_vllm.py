@@ -111,7 +111,7 @@ def row_within(r: dict[str, Any], tol: float) -> bool:
     """A Clef row against the merged reference: the same tokens at every step, the chosen
     tokens' log-probs within `tol`. No divergence is excused by a small top-2 margin: the
     uncorrected rows of the tiny model diverge at near-ties too, so such an excuse would let
-    a dropped correction pass (the recorded run: 3 of 4 uncorrected rows inside it)."""
+    a dropped correction pass (h200_clef_vllm_r3.json's run shows it)."""
     return bool(r["equal"]) and r["max_abs_dlogprob"] <= tol
 
 

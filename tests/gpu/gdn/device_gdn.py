@@ -55,13 +55,12 @@ MIN_PREFILL_STEPS = GDN_LAYERS_TINY * (1 + 2 + 16)
 # which takes up to 4 tokens a step)
 MIN_DECODE_STEPS = {"none": GDN_LAYERS_TINY * 3 * 63, "mtp3": GDN_LAYERS_TINY * 3 * 16}
 # The largest |logprob difference| on agreeing tokens. Rounding alone (our int8 GEMV against
-# cuBLAS on the exact fp16 copy, our GDN ops against FLA) moved this tiny model's log-probs by
-# up to 0.11 in earlier H200 A/Bs of prompts up to 3,000 tokens (stock against itself, graphs
-# against eager: 0.03), and a 32K prompt carries ten times the context; a wrong slot, a lost
-# initial state or a shifted row moves them by nats (the speculation bugs measured 0.6-4.9).
-# float32 state: 0.25. int16: each store rounds every state row to 1/32767 of its largest
-# entry (the drift test holds the state's relative error near 3e-4, under its 2e-3 bound), a
-# small addition to the rounding above, so 0.3.
+# cuBLAS on the exact fp16 copy, our GDN ops against FLA) moves this tiny model's log-probs by
+# about a tenth of a nat (the earlier A/Bs in tests/gpu/results/h200_*_ab.json), more with a
+# 32K prompt's context; a wrong slot, a lost initial state or a shifted row moves them by
+# nats (h200_spec_diag.json). float32 state: 0.25. int16: each store rounds every state row
+# to 1/32767 of its largest entry (the drift test's bound is 2e-3 relative), a small addition
+# to the rounding above, so 0.3.
 MAX_DLOGPROB = {"float32": 0.25, "int16": 0.3}
 MARGIN_S = 20  # stop this long before the budget to write what we have
 
