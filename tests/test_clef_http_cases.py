@@ -16,6 +16,7 @@ for p in (HERE / "gpu" / "clef", HERE / "gpu" / "ab", HERE / "gpu" / "serving"):
 
 import clef_http as h  # noqa: E402
 import device_clef_vllm as d  # noqa: E402
+from clef_vllm_fixtures import burst, score_body, stability  # noqa: E402
 
 from sm70ctl.settings import load_settings  # noqa: E402
 
@@ -62,13 +63,6 @@ def test_base_route_must_give_the_chat_rows_tokens_not_the_clef_rows() -> None:
     assert not h.base_verdict(chat, chat, chat, tol)["passed"]
 
 
-def score_body(scores: list[list[float]], prompt_tokens: int = 40) -> dict[str, Any]:
-    return {"results": [{"id": f"q{i}", "scores": [{"option": str(j), "score": v}
-                                                   for j, v in enumerate(s)]}
-                        for i, s in enumerate(scores)],
-            "usage": {"prompt_tokens": prompt_tokens}}
-
-
 def test_scores_must_match_the_engine_side_path() -> None:
     ref = score_body([[0.2, 0.8], [0.5, 0.3, 0.2]])
     assert h.score_verdict(score_body([[0.21, 0.79], [0.5, 0.3, 0.2]]), ref)["passed"]
@@ -102,17 +96,6 @@ def test_the_serve_settings_load_and_turn_clef_on(tmp_path: Path) -> None:
     assert view.clef_max_model_len == h.CLEF_MAX_LEN <= view.max_model_len
     # the server's rows are judged against engine rows run on TRITON_ATTN (ab_side's default)
     assert view.attention_backend == "TRITON_ATTN"
-
-
-def burst(images_ok: int | None = 2, alloc: int = 100) -> dict[str, Any]:
-    return {"scores_ok": 10, "chats_ok": 6, "images_ok": images_ok, "allocated": alloc,
-            "reserved": 200}
-
-
-def stability(bursts: list[dict[str, Any]], images: bool = True) -> dict[str, Any]:
-    return {"phases": {"stability": {"bursts": bursts, "images_on": images,
-                                     "long": {"scores_ok": True, "prompt_tokens": 8190},
-                                     "left_in_store": {"partial": 0, "done": 0}}}}
 
 
 def test_stability_needs_every_burst_with_its_image_requests() -> None:

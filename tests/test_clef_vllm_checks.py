@@ -16,28 +16,7 @@ for p in (HERE / "gpu" / "clef", HERE / "gpu" / "ab"):
     sys.path.insert(0, str(p))
 
 import device_clef_vllm as d  # noqa: E402
-
-N = len(d.LENGTHS)
-
-
-def row(lps: list[float], toks: tuple[int, ...] = (1, 2, 3), margin: float = 1.0) -> dict:
-    return {"prompt_len": 5, "tokens": list(toks), "logprobs": lps,
-            "top2": [[t, lp, 0, lp - margin] for t, lp in zip(toks, lps, strict=True)]}
-
-
-def results(clef_shift: float = 0.4, merged_off: float = 0.005,
-            chat_change: float = 0.0) -> dict[str, Any]:
-    only = [row([-0.5, -0.6, -0.7]) for _ in range(N)]
-    mixed = copy.deepcopy(only)
-    for i in d.CLEF_IDX:
-        mixed[i] = row([-0.5 - clef_shift, -0.6, -0.7 + clef_shift])
-    mixed[d.CHAT_IDX[0]]["logprobs"][0] += chat_change
-    merged = [row([-0.5 - clef_shift + merged_off, -0.6, -0.7 + clef_shift])
-              for _ in range(N)]
-    base16 = [row([-0.501, -0.6, -0.7]) for _ in range(N)]
-    return {"ours": {"phases": {"chat_first": copy.deepcopy(only), "mixed": mixed,
-                                "chat_only": only}},
-            "merged": {"phases": {"all": merged, "base16": base16}}}
+from clef_vllm_fixtures import results  # noqa: E402
 
 
 def test_good_figures_pass() -> None:

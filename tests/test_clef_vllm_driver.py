@@ -15,9 +15,8 @@ HERE = Path(__file__).resolve().parent
 for p in (HERE, HERE / "gpu" / "clef", HERE / "gpu" / "ab", HERE / "gpu" / "serving"):
     sys.path.insert(0, str(p))
 
+import clef_vllm_fixtures as fx  # noqa: E402
 import device_clef_vllm as d  # noqa: E402
-import test_clef_http_cases as th  # noqa: E402
-import test_clef_vllm_checks as tc  # noqa: E402
 
 
 class Done:
@@ -28,11 +27,11 @@ class Done:
 
 
 def engines(reload_ok: bool = True) -> dict[str, Any]:
-    r = tc.results()
+    r = fx.results()
     ours = r["ours"]
     ours["phases"].update(
-        http_ref={"response": th.score_body([[0.2, 0.8]])},
-        stability=th.stability([th.burst() for _ in range(d.BURSTS)])["phases"]["stability"],
+        http_ref={"response": fx.score_body([[0.2, 0.8]])},
+        stability=fx.stability([fx.burst() for _ in range(d.BURSTS)])["phases"]["stability"],
         memory={"correction_bytes": 5, "format_bytes": 5, "head_bytes": 3,
                 "arena_rule_bytes": 2 << 20, "storages": 1, "hook": ["installed"],
                 "allocator": {"block_bytes": 2 << 20}},
@@ -67,7 +66,7 @@ def good_http() -> dict[str, Any]:
         "base_completion": {"status": 200, "row": ours["chat_only"][d.HTTP_PROMPT_IDX]},
         "base_chat": {"passed": True}, "clef_chat_refused": {"passed": True},
         "clef_too_long": {"passed": True},
-        "clef_score": {"status": 200, "body": th.score_body([[0.2, 0.8]])},
+        "clef_score": {"status": 200, "body": fx.score_body([[0.2, 0.8]])},
         "clef_no_drafts": {"passed": True}}}
 
 
