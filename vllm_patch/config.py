@@ -63,6 +63,10 @@ class AllreduceConfig:
 
 
 GDN_PREFILLS = ("fla", "sm70")  # gdn.prefill: vLLM's path or ours (vllm_patch.gdn.routing)
+# SM70_GDN_KERNEL -> (gdn.kernel, gdn.decode_layer, gdn.prefill): sm70 is our layer with
+# vLLM's FLA prefill, sm70_chunk the same layer with its prefill rows on our ops too
+GDN_KERNEL_SETTING = {"triton": ("triton", False, "fla"), "sm70": ("sm70", True, "fla"),
+                      "sm70_chunk": ("sm70", True, "sm70")}
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ class PlanInputs:
     block_size: int = 0
     state_block_multiplier: int = 8
     gdn_state_dtype: str = "int16"
-    gdn_kernel: str = "triton"  # sm70 with gdn_state_dtype int16: the plugin's int16 pool
+    gdn_kernel: str = "triton"  # sm70 / sm70_chunk with gdn_state_dtype int16: the int16 pool
     split_pools: bool = True
     allocator_reserve: int = 256 * MiB
     cuda_context_reserve: int = 512 * MiB
@@ -353,12 +353,16 @@ def _quantization_warnings(model: ModelShape, inputs: PlanInputs) -> list[str]:
 
 def served_state_dtype(model: ModelShape, inputs: PlanInputs | None = None) -> str:
     """The GDN recurrent state dtype vLLM 0.22.1 allocates: int16 when the plugin's int16
-    pool is on (SM70_GDN_KERNEL=sm70 and SM70_GDN_STATE_DTYPE=int16: vllm_patch/gdn/
-    int16_pool.py), else the model config's mamba_ssm_dtype (Qwen3.5's `float32`), else the
-    model dtype (float16 on Volta)."""
-    if (inputs is not None and inputs.gdn_kernel in ("sm70", "sm70_chunk")
-            and inputs.gdn_state_dtype == "int16"):
-        return "int16"
+    pool is on (SM70_GDN_KERNEL=sm70 or sm70_chunk with SM70_GDN_STATE_DTYPE=int16: the
+    plugin's own rule, vllm_patch/gdn/int16_pool.wanted), else the model config's
+    mamba_ssm_dtype (Qwen3.5's `float32`), else the model dtype (float16 on Volta)."""
+    from vllm_patch.config import GDN_KERNEL_SETTING
+    from vllm_patch.gdn.int16_pool import wanted
+
+    if inputs is not None and inputs.gdn_kernel in GDN_KERNEL_SETTING:
+        kernel, decode_layer, _ = GDN_KERNEL_SETTING[inputs.gdn_kernel]
+        if wanted(decode_layer, kernel, inputs.gdn_state_dtype):
+            return "int16"
     return model.mamba_ssm_dtype or "float16"
 
 

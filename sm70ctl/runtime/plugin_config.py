@@ -26,6 +26,7 @@ def plugin_config_obj(settings: SettingsView, allreduce_mode: str | None = None)
     nccl: sm70ctl.devices.topology); None passes SM70_ALLREDUCE_MODE as set."""
     from vllm_patch.config import (
         DRAFT_HEAD_DTYPES,
+        GDN_KERNEL_SETTING,
         AllreduceConfig,
         AttentionConfig,
         ClefConfig,
@@ -46,6 +47,7 @@ def plugin_config_obj(settings: SettingsView, allreduce_mode: str | None = None)
             "`sm70ctl plan --path target` counts it)",
             hint="set SM70_DRAFT_HEAD_DTYPE=int8",
         )
+    gdn_kernel, decode_layer, prefill = GDN_KERNEL_SETTING[s.gdn_kernel]
     return PluginConfig(
         memory=MemoryConfig(
             state_block_multiplier=s.state_block_multiplier, split_pools=s.split_pools
@@ -75,13 +77,8 @@ def plugin_config_obj(settings: SettingsView, allreduce_mode: str | None = None)
         allreduce=AllreduceConfig(
             mode=allreduce_mode or s.allreduce_mode, buffer_bytes=s.allreduce_buffer_bytes
         ),
-        gdn=GdnConfig(
-            # sm70_chunk is the sm70 layer with its prefill rows on our ops too
-            kernel="sm70" if s.gdn_kernel == "sm70_chunk" else s.gdn_kernel,
-            chunk_size=s.gdn_chunk_size, state_dtype=s.gdn_state_dtype,
-            decode_layer=s.gdn_kernel in ("sm70", "sm70_chunk"),
-            prefill="sm70" if s.gdn_kernel == "sm70_chunk" else "fla",
-        ),
+        gdn=GdnConfig(kernel=gdn_kernel, chunk_size=s.gdn_chunk_size,
+                      state_dtype=s.gdn_state_dtype, decode_layer=decode_layer, prefill=prefill),
         spec=SpecConfig(
             draft_head_dtype=s.draft_head_dtype,
             draft_cudagraph=s.draft_cudagraph,
