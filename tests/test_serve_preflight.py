@@ -254,10 +254,10 @@ def test_quant_probe_finds_nested_config() -> None:
 
 def _reference_config(**text: object) -> dict:
     import json
-    from pathlib import Path
 
-    cfg = json.loads((Path(__file__).parents[1] / "sm70ctl" / "data" / "qwen3.8-27b"
-                      / "config.json").read_text())
+    from sm70ctl.plan.model_config import builtin_config_path
+
+    cfg = json.loads(builtin_config_path().read_text())
     cfg["text_config"].update(text)
     return cfg
 
