@@ -1,5 +1,6 @@
 """The pure pieces of bench/bench_fmha.py and tests/gpu/fmha/device_fmha.py: argument
-rules, FLOP counts, the table, and how the device script reads junit and bench JSON."""
+rules, FLOP counts, the table, and how the device script reads junit and bench JSON
+(tests/gpu/ops_job.py's readers)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 sys.path.insert(0, str(ROOT / "tests" / "gpu" / "fmha"))
 
 import bench_fmha  # noqa: E402
 import bench_io  # noqa: E402
 import device_fmha  # noqa: E402
 import gpu_timing  # noqa: E402
+import ops_job  # noqa: E402
 
 
 def test_parse_tokens_and_case_shape():
@@ -61,12 +64,12 @@ errors="1" failures="2" skipped="3" tests="10"><testcase name="test_a"/>
 def test_junit_counts_and_failed(tmp_path):
     path = tmp_path / "j.xml"
     path.write_text(JUNIT)
-    assert device_fmha.junit_counts(path) == {"tests": 10, "failures": 2, "errors": 1,
+    assert ops_job.junit_counts(path) == {"tests": 10, "failures": 2, "errors": 1,
                                               "skipped": 3, "passed": 4}
-    assert device_fmha.failed_tests(path) == ["test_b", "test_c"]
-    assert device_fmha.junit_counts(tmp_path / "missing.xml") == {}
+    assert ops_job.failed_tests(path) == ["test_b", "test_c"]
+    assert ops_job.junit_counts(tmp_path / "missing.xml") == {}
     (tmp_path / "bad.xml").write_text("<oops")
-    assert device_fmha.failed_tests(tmp_path / "bad.xml") == []
+    assert ops_job.failed_tests(tmp_path / "bad.xml") == []
 
 
 def test_bench_figures_and_volta_rows():
@@ -80,9 +83,9 @@ def test_bench_figures_and_volta_rows():
                                         "volta_frac_of_m8n8k4_peak": 0.4,
                                         "sdpa_tflops": 90.0, "ours_rel_err_vs_sdpa": 1e-4}
     assert fig["by_tokens"]["16384"] == {"sm70_volta_error": "boom"}
-    assert device_fmha.volta_rows_ok(bench, [8192])
-    assert not device_fmha.volta_rows_ok(bench, [8192, 16384])
-    assert not device_fmha.volta_rows_ok({}, [8192])
+    assert ops_job.volta_rows_ok(bench, [8192])
+    assert not ops_job.volta_rows_ok(bench, [8192, 16384])
+    assert not ops_job.volta_rows_ok({}, [8192])
 
 
 def test_device_script_refuses_a_tiny_budget(tmp_path, capsys):

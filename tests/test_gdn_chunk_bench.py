@@ -59,8 +59,10 @@ def test_bench_main_refuses_bad_arguments(capsys):
 
 
 def test_device_script_reads_the_bench_and_error_log(tmp_path):
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
     sys.path.insert(0, str(ROOT / "tests" / "gpu" / "gdn_chunk"))
     import device_gdn_chunk as dev
+    import ops_job
 
     bench = {"peak_tflops": {"m8n8k4": 100.0}, "errors": [], "rows": [
         {"tokens": 8192, "seqs": 1, "impl": "sm70_volta", "ms": 2.0, "tflops": 5.0,
@@ -72,9 +74,9 @@ def test_device_script_reads_the_bench_and_error_log(tmp_path):
     assert fig["by_tokens"]["8192x1"]["volta_frac_of_m8n8k4_peak"] == 0.05
     assert fig["by_tokens"]["8192x1"]["sm70_volta_speedup_vs_fla"] == 0.5
     assert "RuntimeError" in fig["by_tokens"]["8192x4"]["sm70_volta_error"]
-    assert dev.volta_rows_ok(bench, [8192]) and not dev.volta_rows_ok(bench, [8192, 32768])
+    assert ops_job.volta_rows_ok(bench, [8192]) and not ops_job.volta_rows_ok(bench, [8192, 32768])
     log = tmp_path / "e.jsonl"
     log.write_text('{"metric": "a", "value": 0.5}\n{"metric": "a", "value": 0.25}\nnot json\n'
                    '{"metric": "b", "value": 2}\n')
-    assert dev.error_maxima(log) == {"a": 0.5, "b": 2.0}
-    assert dev.error_maxima(tmp_path / "missing.jsonl") == {}
+    assert ops_job.error_maxima(log) == {"a": 0.5, "b": 2.0}
+    assert ops_job.error_maxima(tmp_path / "missing.jsonl") == {}

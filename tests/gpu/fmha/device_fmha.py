@@ -23,9 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ops_job
 
-# the readers, still read from this module by tests/test_bench_fmha.py
-from ops_job import failed_tests, junit_counts, volta_rows_ok  # noqa: F401
-
 
 def row_figures(row: dict[str, Any]) -> dict[str, Any]:
     """One bench_fmha row's figures: its TFLOP/s, the Volta path's fraction of the m8n8k4

@@ -25,9 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ops_job
 
-# the readers, still read from this module by tests/test_gdn_chunk_bench.py
-from ops_job import error_maxima, volta_rows_ok  # noqa: F401
-
 ERR_KEYS = ("sm70_volta_rel_err_vs_fla", "sm70_native_rel_err_vs_fla",
             "two_pass_volta_rel_err_vs_fla", "two_pass_native_rel_err_vs_fla",
             "two_pass_vs_one_pass_max_abs")
