@@ -1,4 +1,5 @@
-"""The all-reduce kernels on ONE CUDA GPU (NOT RUN yet: this session had no device time).
+"""The all-reduce kernels on ONE CUDA GPU (run on the H200: job `allreduce1`, call4 in
+tests/gpu/results/h200_round_calls.json).
 
     python -m pytest -q -m gpu tests/test_allreduce_gpu.py
 

@@ -19,7 +19,8 @@ fp16 rounding: |o - want| <= u |want| + (T 2^-17 + 2^-18) scale M. int16 rows ad
 rounding of both sides (each within half a step s = max |row| / 32767, their scales a
 state error apart): |stored - want| <= 1.01 s + 2 T 2^-17 M. A bug in the recurrence (a
 wrong head, a missing norm or gate, the wrong slot) moves values by O(M), 2^15 x these.
-Not yet run on a GPU (written in a session with no device time).
+Run on the H200 (both arch paths): job `gdn_tests` of tests/gpu/round_call.py, last in
+r5_call4 (tests/gpu/results/h200_refactor_check.json).
 """
 
 from __future__ import annotations
