@@ -45,6 +45,7 @@ from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
 )
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
+from vllm_patch.config import GDN_PREFILLS
 from vllm_patch.gdn import int16_pool, int16_scratch, routing
 from vllm_patch.ops import kernels
 from vllm_patch.ops.loader import load_ops
@@ -78,8 +79,8 @@ def _count(table: dict[str, int], key: str, n: int = 1) -> None:
 def set_prefill(prefill: str) -> None:
     """Where steps with a prefill row go: "fla" (vLLM's path) or "sm70" (our ops)."""
     global _prefill
-    if prefill not in routing.PREFILL_CHOICES:
-        raise ValueError(f"gdn.prefill is {prefill!r}; choose one of {routing.PREFILL_CHOICES}")
+    if prefill not in GDN_PREFILLS:
+        raise ValueError(f"gdn.prefill is {prefill!r}; choose one of {GDN_PREFILLS}")
     _prefill = prefill
 
 

@@ -40,8 +40,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_patch.config import GDN_PREFILLS
-
 # Where a step goes.
 STOCK_NO_METADATA = "stock:no_metadata"  # vLLM's warm-up / profile run
 STOCK_PREFILL = "stock:prefill"  # a prefill row is in the step
@@ -52,7 +50,6 @@ OURS_DECODE = "sm70:decode"
 OURS_SPEC = "sm70:spec"
 OURS_PREFILL = "sm70:prefill"  # prefill rows (and plain decodes before them) on our ops
 OURS_PREFILL_SPEC = "sm70:prefill+spec"  # prefill rows and MTP rows in one step on our ops
-PREFILL_CHOICES = GDN_PREFILLS  # the plugin's gdn.prefill, checked where it is read
 
 HEAD_DIM = 128
 CONV_WIDTH = 4
