@@ -39,6 +39,9 @@ def test_plan_delta() -> None:
     # a character of the tag is held, the completed tag goes to vLLM's method whole
     assert plan_delta("", "<", [60], TAG, 9) == ("", "<")
     assert plan_delta("<tool_call", ">", [62], TAG, 9) == ("<tool_call>", "")
+    # a whole tag in one delta, nothing held: handed on unchanged (the wrapper has no
+    # shortcut of its own for it)
+    assert plan_delta("", "x<tool_call>", [120, 9], TAG, 9) == ("x<tool_call>", "")
     # the tag's own token, after held text that was content
     assert plan_delta("<", "<tool_call>", [9], TAG, 9) == ("<<tool_call>", "")
     # held text that stops matching goes out in front of the delta

@@ -197,7 +197,6 @@ def probe_backend_name(python: Path, *, env: Mapping[str, str] | None = None,
                                            f"{PATCHED_BACKEND_NAME}")
 
 
-
 def probe_serving_backend(settings: SettingsView,
                           environ: Mapping[str, str]) -> BackendNameProbe | None:
     """What serve and warmup both need before they pass --attention-backend: for the
